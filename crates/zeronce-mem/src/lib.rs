@@ -1,0 +1,2 @@
+//! zeronce-mem: real memory, discard operations and zeroing kernels.
+#![warn(missing_docs)]

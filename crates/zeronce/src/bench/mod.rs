@@ -1,7 +1,9 @@
 //! Benchmarks. Each one measures zeronce against a baseline *in the same run* and reports
 //! medians; absolute figures on a shared VM move several-fold, ratios much less.
 
+pub mod alloc;
 pub mod stats;
+pub mod zero;
 
 use clap::{Args, Subcommand};
 
@@ -18,12 +20,20 @@ pub struct Common {
 
 /// The benchmarks.
 #[derive(Subcommand)]
-pub enum Which {}
+pub enum Which {
+    /// GB/s of each zeroing kernel and of memset, 2 MiB chunks and 256 MiB, warm memory.
+    Zero(zero::ZeroArgs),
+    /// alloc+free pairs per second, orders 0/3/9, 1 and 2 threads, vs buddy_system_allocator.
+    Alloc(alloc::AllocArgs),
+}
 
 /// Error type of the benchmarks: a message for the user.
 pub type BenchResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Runs one benchmark.
 pub fn run(which: Which) -> BenchResult {
-    match which {}
+    match which {
+        Which::Zero(args) => zero::run(&args),
+        Which::Alloc(args) => alloc::run(&args),
+    }
 }

@@ -5,6 +5,6 @@
 #![warn(missing_docs)]
 
 pub mod discard;
-pub mod vm;
+pub mod zeroing;
 
 pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, PAGE_SIZE};

@@ -1,0 +1,150 @@
+//! The zeroing kernels themselves: raw loops over `[ptr, ptr + len)`.
+//!
+//! Every function here is `unsafe` with the same contract: `ptr` is valid for writes of
+//! `len` bytes and no Rust reference to those bytes is alive. The x86-64 kernels handle
+//! any alignment and length: the unaligned head and tail go through `write_bytes`.
+
+/// Plain `core::ptr::write_bytes` (the compiler's memset).
+///
+/// # Safety
+/// `ptr` valid for writes of `len` bytes, not borrowed by any live reference.
+#[inline]
+pub(crate) unsafe fn write_bytes(ptr: *mut u8, len: usize) {
+    // SAFETY: forwarded caller contract.
+    unsafe { core::ptr::write_bytes(ptr, 0, len) }
+}
+
+/// Splits `[ptr, ptr+len)` into an unaligned head, an `align`-aligned body whose length
+/// is a multiple of `align`, and a tail; zeroes head and tail with `write_bytes` and
+/// returns the body `(ptr, len)`.
+///
+/// # Safety
+/// As for [`write_bytes`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn edges(ptr: *mut u8, len: usize, align: usize) -> (*mut u8, usize) {
+    let head = ptr.align_offset(align).min(len);
+    let body = (len - head) & !(align - 1);
+    let tail = len - head - body;
+    // SAFETY: head and tail lie inside the caller's range; the body starts `head` bytes in.
+    unsafe {
+        write_bytes(ptr, head);
+        write_bytes(ptr.add(head + body), tail);
+        (ptr.add(head), body)
+    }
+}
+
+/// `rep stosb` (fast with ERMS/FSRM; cache-allocating, good for small ranges).
+///
+/// # Safety
+/// As for [`write_bytes`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) unsafe fn rep_stosb(ptr: *mut u8, len: usize) {
+    // SAFETY: `rep stosb` writes exactly `rcx` = `len` bytes of `al` = 0 forwards from
+    // `rdi` = `ptr` (the ABI guarantees the direction flag is clear), all inside the
+    // caller's range; it touches no stack and no flags besides the ones declared.
+    unsafe {
+        core::arch::asm!(
+            "rep stosb",
+            inout("rcx") len => _,
+            inout("rdi") ptr => _,
+            in("al") 0u8,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// Non-temporal 16-byte stores (`movntdq`) + `sfence`.
+///
+/// # Safety
+/// As for [`write_bytes`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
+    use core::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
+    // SAFETY: forwarded contract; `edges` returns a 16-byte-aligned body inside the range.
+    let (mut p, body) = unsafe { edges(ptr, len, 64) };
+    let end = p.wrapping_add(body);
+    let z = _mm_setzero_si128();
+    while p < end {
+        // SAFETY: `p` is 64-byte aligned and `p + 64 <= end`, inside the caller's range;
+        // SSE2 is part of the x86-64 baseline.
+        unsafe {
+            let q = p.cast::<__m128i>();
+            _mm_stream_si128(q, z);
+            _mm_stream_si128(q.add(1), z);
+            _mm_stream_si128(q.add(2), z);
+            _mm_stream_si128(q.add(3), z);
+            p = p.add(64);
+        }
+    }
+    // Non-temporal stores are weakly ordered: fence so later normal stores (and other
+    // threads that synchronise with us) see the zeroes first.
+    _mm_sfence();
+}
+
+/// Non-temporal 32-byte stores (`vmovntdq`) + `sfence`.
+///
+/// # Safety
+/// As for [`write_bytes`], and the CPU must support AVX2 (check
+/// `is_x86_feature_detected!("avx2")`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn nt_avx2(ptr: *mut u8, len: usize) {
+    use core::arch::x86_64::{__m256i, _mm256_setzero_si256, _mm256_stream_si256, _mm_sfence};
+    // SAFETY: forwarded contract; the body is 64-byte aligned inside the range.
+    let (mut p, body) = unsafe { edges(ptr, len, 64) };
+    let end = p.wrapping_add(body);
+    let z = _mm256_setzero_si256();
+    while p < end {
+        // SAFETY: `p` is 64-byte aligned and `p + 64 <= end`, inside the caller's range;
+        // AVX2 availability is the caller's contract.
+        unsafe {
+            let q = p.cast::<__m256i>();
+            _mm256_stream_si256(q, z);
+            _mm256_stream_si256(q.add(1), z);
+            p = p.add(64);
+        }
+    }
+    _mm_sfence();
+}
+
+/// AMD `clzero`: zeroes one whole 64-byte cache line per instruction, without reading it
+/// (weakly ordered like non-temporal stores) + `sfence`.
+///
+/// # Safety
+/// As for [`write_bytes`], and the CPU must support `clzero` (see
+/// [`super::has_clzero`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn clzero(ptr: *mut u8, len: usize) {
+    // SAFETY: forwarded contract; the body is 64-byte aligned inside the range, so each
+    // `clzero` zeroes a line entirely inside it.
+    let (mut p, body) = unsafe { edges(ptr, len, 64) };
+    let end = p.wrapping_add(body);
+    while p < end {
+        // SAFETY: `clzero` zeroes the 64-byte line containing `rax`; `p` is line-aligned
+        // and the line lies inside the caller's range; CPU support is the caller's
+        // contract. Four lines per iteration: `p + 256 <= end` is checked first.
+        unsafe {
+            if end.offset_from(p) >= 256 {
+                core::arch::asm!(
+                    "clzero",
+                    "add rax, 64",
+                    "clzero",
+                    "add rax, 64",
+                    "clzero",
+                    "add rax, 64",
+                    "clzero",
+                    inout("rax") p => _,
+                    options(nostack)
+                );
+                p = p.add(256);
+            } else {
+                core::arch::asm!("clzero", in("rax") p, options(nostack, preserves_flags));
+                p = p.add(64);
+            }
+        }
+    }
+    // SAFETY: `sfence` only orders stores.
+    unsafe { core::arch::x86_64::_mm_sfence() };
+}

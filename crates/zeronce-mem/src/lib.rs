@@ -6,5 +6,6 @@
 
 pub mod discard;
 pub mod zeroing;
+pub mod vm;
 
 pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, PAGE_SIZE};

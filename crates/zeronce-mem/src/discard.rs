@@ -131,6 +131,34 @@ impl DiscardOp {
     }
 }
 
+/// What a successful discard promises about the range's contents.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZeroGuarantee {
+    /// The memory was returned and the range now reads zero.
+    Zeroed,
+    /// No promise: the old contents may survive (and the memory may not be returned).
+    NotZeroed,
+}
+
+impl ZeroGuarantee {
+    /// Whether the range is guaranteed to read zero.
+    pub fn is_zeroed(self) -> bool {
+        self == ZeroGuarantee::Zeroed
+    }
+}
+
+impl DiscardOp {
+    /// [`DiscardOp::guarantees_zero`] as a [`ZeroGuarantee`].
+    pub fn zero_guarantee(self, backing: Backing) -> ZeroGuarantee {
+        if self.guarantees_zero(backing) {
+            ZeroGuarantee::Zeroed
+        } else {
+            ZeroGuarantee::NotZeroed
+        }
+    }
+}
+
 /// Why a discard was refused or failed. The memory is untouched on every variant except
 /// [`DiscardError::Os`], where the kernel may have acted on a prefix of the range.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]

@@ -5,7 +5,12 @@
 #![warn(missing_docs)]
 
 pub mod discard;
-pub mod zeroing;
+pub mod ram;
+pub mod resident;
 pub mod vm;
+pub mod zeroing;
 
-pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, PAGE_SIZE};
+pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
+pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
+pub use resident::{HugePagePool, ProcessRss, ResidentError};
+pub use zeroing::{zero_range, zero_range_hinted, ZeroKernel};

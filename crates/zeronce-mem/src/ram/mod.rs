@@ -1,0 +1,447 @@
+//! [`GuestRam`]: one contiguous mapping of "guest RAM", backed by private anonymous
+//! memory (with THP), a shared memfd, or a hugetlb memfd.
+//!
+//! # Soundness
+//!
+//! A `GuestRam` owns its mapping exclusively, like a `Box<[u8]>`. Every operation that
+//! changes the contents — writes, zeroing, and discards (the kernel changing what the
+//! pages read) — takes `&mut self`, so no `&[u8]` handed out by [`GuestRam::as_slice`] can
+//! be alive across it: the borrow checker enforces what the kernel's side effects need.
+//! Internally, byte slices over the mapping are created only for the duration of one
+//! method call. Sharing a `GuestRam` between threads (`&GuestRam`) therefore only allows
+//! concurrent reads. Memory that has never been touched reads zero (anonymous zero page,
+//! or a file hole), so a slice over it is always initialised.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+use rustix::io::Errno;
+use rustix::mm::{madvise, mmap, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
+
+use crate::discard::{check_range, discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
+use crate::resident::{file_allocated_bytes, resident_bytes, HugePagePool, ResidentError};
+use crate::zeroing::{zero_range_hinted, ZeroKernel};
+use crate::PAGE_SIZE;
+
+/// Size of a transparent huge page / 2 MiB hugetlb page.
+pub const HUGE_PAGE_2M: usize = 2 << 20;
+/// Size of a 1 GiB hugetlb page.
+pub const HUGE_PAGE_1G: usize = 1 << 30;
+
+/// A hugetlb page size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HugePageSize {
+    /// 2 MiB pages.
+    Size2M,
+    /// 1 GiB pages.
+    Size1G,
+}
+
+impl HugePageSize {
+    /// The size in bytes.
+    pub fn bytes(self) -> usize {
+        match self {
+            HugePageSize::Size2M => HUGE_PAGE_2M,
+            HugePageSize::Size1G => HUGE_PAGE_1G,
+        }
+    }
+}
+
+/// What to back a [`GuestRam`] with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackingKind {
+    /// Private anonymous memory, 2 MiB aligned; `thp` asks for transparent huge pages
+    /// (`MADV_HUGEPAGE`).
+    Anonymous {
+        /// Whether to `madvise(MADV_HUGEPAGE)` the mapping.
+        thp: bool,
+    },
+    /// A shared mapping of a memfd (shmem), `MFD_CLOEXEC`.
+    Memfd,
+    /// A shared mapping of a hugetlb memfd (`MFD_HUGETLB`); needs reserved huge pages.
+    Hugetlb(HugePageSize),
+}
+
+impl BackingKind {
+    /// The [`Backing`] (discard semantics) of this kind.
+    pub fn backing(self) -> Backing {
+        match self {
+            BackingKind::Anonymous { .. } => Backing::PrivateAnonymous,
+            BackingKind::Memfd => Backing::SharedFile,
+            BackingKind::Hugetlb(size) => Backing::Hugetlb {
+                page_size: size.bytes(),
+            },
+        }
+    }
+}
+
+/// Why a [`GuestRam`] could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum RamError {
+    /// The size is zero or not a multiple of the backing's page size.
+    #[error("guest RAM size {size:#x} is not a positive multiple of {page_size:#x}")]
+    BadSize {
+        /// Requested size.
+        size: usize,
+        /// Required granularity.
+        page_size: usize,
+    },
+    /// Not enough huge pages are reserved (`/proc/sys/vm/nr_hugepages` or
+    /// `/sys/kernel/mm/hugepages/hugepages-<N>kB/nr_hugepages`).
+    #[error(
+        "need {needed} free {}-KiB huge pages, {available} available: reserve some with \
+         `echo N > /sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages`",
+        page_size / 1024, page_size / 1024
+    )]
+    NoHugePages {
+        /// Huge page size.
+        page_size: usize,
+        /// Pages the mapping needs.
+        needed: u64,
+        /// Pages free and unreserved.
+        available: u64,
+    },
+    /// The hugetlb pool could not be read (no hugetlb support for this size).
+    #[error("hugetlb pool unavailable: {0}")]
+    HugetlbPool(#[from] ResidentError),
+    /// A system call failed.
+    #[error("{call} failed: {errno}")]
+    Os {
+        /// The system call.
+        call: &'static str,
+        /// The error the kernel returned.
+        errno: Errno,
+    },
+}
+
+/// A byte range that does not lie inside the [`GuestRam`].
+#[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("range {offset:#x}+{len:#x} is outside guest RAM of {size:#x} bytes")]
+pub struct RangeError {
+    /// Start offset.
+    pub offset: usize,
+    /// Length.
+    pub len: usize,
+    /// Size of the guest RAM.
+    pub size: usize,
+}
+
+/// A contiguous mapping of guest RAM. See the module docs for why its API is sound.
+#[derive(Debug)]
+pub struct GuestRam {
+    ptr: NonNull<u8>,
+    len: usize,
+    kind: BackingKind,
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: `GuestRam` owns its mapping exclusively (like `Box<[u8]>`); contents change
+// only through `&mut self`, so `&GuestRam` on several threads only permits concurrent
+// reads, and moving it to another thread moves that ownership. `OwnedFd` is Send + Sync.
+unsafe impl Send for GuestRam {}
+// SAFETY: see `Send` above.
+unsafe impl Sync for GuestRam {}
+
+fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
+    move |errno| RamError::Os { call, errno }
+}
+
+impl GuestRam {
+    /// Maps `size` bytes of guest RAM backed as `kind`. `size` must be a positive multiple
+    /// of the backing's page size ([`PAGE_SIZE`], or the huge page size for hugetlb).
+    pub fn new(size: usize, kind: BackingKind) -> Result<GuestRam, RamError> {
+        let page_size = kind.backing().page_size();
+        if size == 0 || !size.is_multiple_of(page_size) {
+            return Err(RamError::BadSize { size, page_size });
+        }
+        let rw = ProtFlags::READ | ProtFlags::WRITE;
+        let (ptr, fd) = match kind {
+            BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp)?, None),
+            BackingKind::Memfd | BackingKind::Hugetlb(_) => {
+                let mut flags = MemfdFlags::CLOEXEC;
+                if let BackingKind::Hugetlb(hp) = kind {
+                    let pool = HugePagePool::read(page_size)?;
+                    let needed = (size / page_size) as u64;
+                    if pool.available() < needed {
+                        return Err(RamError::NoHugePages {
+                            page_size,
+                            needed,
+                            available: pool.available(),
+                        });
+                    }
+                    flags |= MemfdFlags::HUGETLB
+                        | match hp {
+                            HugePageSize::Size2M => MemfdFlags::HUGE_2MB,
+                            HugePageSize::Size1G => MemfdFlags::HUGE_1GB,
+                        };
+                }
+                let fd = memfd_create("zeronce-guest-ram", flags).map_err(os("memfd_create"))?;
+                ftruncate(&fd, size as u64).map_err(os("ftruncate"))?;
+                // SAFETY: a new shared mapping of our own fresh file at a kernel-chosen
+                // address aliases no Rust object.
+                let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, &fd, 0) };
+                let p = p.map_err(|errno| match (kind, errno) {
+                    // Raced with another user of the pool: same typed error.
+                    (BackingKind::Hugetlb(_), Errno::NOMEM) => RamError::NoHugePages {
+                        page_size,
+                        needed: (size / page_size) as u64,
+                        available: 0,
+                    },
+                    _ => RamError::Os {
+                        call: "mmap",
+                        errno,
+                    },
+                })?;
+                (p.cast::<u8>(), Some(fd))
+            }
+        };
+        let ptr = NonNull::new(ptr).ok_or(RamError::Os {
+            call: "mmap",
+            errno: Errno::NOMEM,
+        })?;
+        Ok(GuestRam {
+            ptr,
+            len: size,
+            kind,
+            fd,
+        })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a `GuestRam` is never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What it was created as.
+    pub fn kind(&self) -> BackingKind {
+        self.kind
+    }
+
+    /// Its discard semantics.
+    pub fn backing(&self) -> Backing {
+        self.kind.backing()
+    }
+
+    /// The backing memfd (file offset 0 = offset 0 of the mapping), if file-backed.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// The start of the mapping, for benchmarks and bridges. Writing through it while a
+    /// slice from [`GuestRam::as_slice`] is alive is undefined behaviour.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The whole mapping as bytes. Discards need `&mut self`, so they cannot happen while
+    /// this borrow lives. Reading faults pages in (anonymous: the shared zero page).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is live for `self`'s lifetime, `len` bytes, readable, and
+        // always initialised (untouched pages read zero); it is mutated only through
+        // `&mut self`, which cannot coexist with this shared borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole mapping as mutable bytes (unique borrow: no discard while it lives).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, and `&mut self` makes this borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside; returns it as a `Range`.
+    pub fn check(&self, offset: usize, len: usize) -> Result<std::ops::Range<usize>, RangeError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(offset..end),
+            _ => Err(RangeError {
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Copies `buf.len()` bytes from `offset` into `buf`.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), RangeError> {
+        let r = self.check(offset, buf.len())?;
+        buf.copy_from_slice(&self.as_slice()[r]);
+        Ok(())
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), RangeError> {
+        let r = self.check(offset, data.len())?;
+        self.as_mut_slice()[r].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Sets `len` bytes from `offset` to `byte`.
+    pub fn fill(&mut self, offset: usize, len: usize, byte: u8) -> Result<(), RangeError> {
+        let r = self.check(offset, len)?;
+        self.as_mut_slice()[r].fill(byte);
+        Ok(())
+    }
+
+    /// Whether `len` bytes from `offset` all read zero (word-at-a-time, early exit per
+    /// page). Reading faults untouched pages in (without allocating for anonymous memory).
+    pub fn is_zero(&self, offset: usize, len: usize) -> Result<bool, RangeError> {
+        let r = self.check(offset, len)?;
+        Ok(bytes_are_zero(&self.as_slice()[r]))
+    }
+
+    /// Faults `[offset, offset + len)` in for writing: rewrites one byte every `stride`
+    /// bytes (a `stride` of 0 means [`PAGE_SIZE`]) with its own value, so contents are
+    /// unchanged. Volatile, so the compiler cannot drop it.
+    pub fn touch(&mut self, offset: usize, len: usize, stride: usize) -> Result<(), RangeError> {
+        let r = self.check(offset, len)?;
+        let stride = if stride == 0 { PAGE_SIZE } else { stride };
+        let base = self.ptr.as_ptr();
+        for i in r.step_by(stride) {
+            // SAFETY: `i < self.len` (checked range), the mapping is live and writable, and
+            // `&mut self` guarantees no reference to its contents is alive.
+            unsafe {
+                let p = base.add(i);
+                p.write_volatile(p.read_volatile());
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes `len` bytes from `offset` with [`ZeroKernel::auto`]; the page holding
+    /// `hint_offset` (an offset into the RAM, ignored if outside the range) is zeroed last,
+    /// cache-friendly, so it is hot. Returns the kernel used.
+    pub fn zero(
+        &mut self,
+        offset: usize,
+        len: usize,
+        hint_offset: Option<usize>,
+    ) -> Result<ZeroKernel, RangeError> {
+        let kernel = ZeroKernel::auto(len);
+        self.zero_with(offset, len, kernel, hint_offset)?;
+        Ok(kernel)
+    }
+
+    /// As [`GuestRam::zero`] with an explicit kernel (an unavailable one falls back to
+    /// `write_bytes`).
+    pub fn zero_with(
+        &mut self,
+        offset: usize,
+        len: usize,
+        kernel: ZeroKernel,
+        hint_offset: Option<usize>,
+    ) -> Result<(), RangeError> {
+        let r = self.check(offset, len)?;
+        let hint = hint_offset.and_then(|h| h.checked_sub(offset));
+        // SAFETY: the range is inside the live, writable mapping; `&mut self` guarantees
+        // no reference to its contents is alive during the call.
+        unsafe { zero_range_hinted(self.ptr.as_ptr().add(r.start), len, kernel, hint) };
+        Ok(())
+    }
+
+    /// Discards `len` bytes from `offset` with `op` (page-aligned, whole huge pages for
+    /// hugetlb) and says whether the range now reads zero. On error the memory is
+    /// untouched, except for [`DiscardError::Os`].
+    pub fn discard(
+        &mut self,
+        offset: usize,
+        len: usize,
+        op: DiscardOp,
+    ) -> Result<ZeroGuarantee, DiscardError> {
+        let backing = self.backing();
+        check_range(offset, len, backing)?;
+        let r = self
+            .check(offset, len)
+            .map_err(|e| DiscardError::OutOfRange {
+                start: e.offset,
+                len: e.len,
+                limit: e.size,
+            })?;
+        let file = self.fd().map(|fd| (fd, r.start as u64));
+        // SAFETY: the range is inside our live mapping (checked above) of kind `backing`,
+        // at file offset `r.start` of `fd`; `&mut self` guarantees no Rust reference to
+        // the contents is alive while the kernel changes them.
+        unsafe { discard_raw(self.ptr.as_ptr().add(r.start), len, op, backing, file) }?;
+        Ok(op.zero_guarantee(backing))
+    }
+
+    /// Bytes of the range resident in memory (`mincore`; for memfd: held by the file).
+    pub fn resident_bytes(&self, offset: usize, len: usize) -> Result<usize, ResidentError> {
+        let r = self.check(offset, len).map_err(|_| ResidentError::Os {
+            call: "mincore",
+            errno: Errno::NOMEM,
+        })?;
+        // `r.start <= self.len`, so the pointer stays inside or one past the mapping.
+        resident_bytes(self.ptr.as_ptr().wrapping_add(r.start), len)
+    }
+
+    /// Bytes the backing file has allocated (`None` for anonymous memory).
+    pub fn file_allocated_bytes(&self) -> Option<Result<u64, ResidentError>> {
+        self.fd().map(file_allocated_bytes)
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping of `len` bytes at `ptr`; `&mut self` means no
+        // reference into it survives. The fd closes after (the mapping keeps the file).
+        if let Err(errno) = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) } {
+            tracing::warn!(%errno, "munmap of guest RAM failed");
+        }
+    }
+}
+
+/// Maps `size` bytes of private anonymous memory aligned to 2 MiB (so THP can back it
+/// from the first byte), optionally with `MADV_HUGEPAGE`.
+fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, RamError> {
+    let rw = ProtFlags::READ | ProtFlags::WRITE;
+    let padded = size.checked_add(HUGE_PAGE_2M).ok_or(RamError::BadSize {
+        size,
+        page_size: PAGE_SIZE,
+    })?;
+    // SAFETY: a new private mapping at a kernel-chosen address aliases no Rust object.
+    let raw = unsafe { mmap_anonymous(std::ptr::null_mut(), padded, rw, MapFlags::PRIVATE) }
+        .map_err(os("mmap"))?
+        .cast::<u8>();
+    let head = raw.align_offset(HUGE_PAGE_2M);
+    let tail = padded - head - size;
+    // SAFETY: head and tail are page-aligned parts of the mapping we just made (the
+    // kernel returns page-aligned addresses, and `size` is page-aligned), not used by
+    // anything.
+    unsafe {
+        if head > 0 {
+            munmap(raw.cast(), head).map_err(os("munmap"))?;
+        }
+        if tail > 0 {
+            munmap(raw.add(head + size).cast(), tail).map_err(os("munmap"))?;
+        }
+    }
+    let ptr = raw.wrapping_add(head);
+    if thp {
+        // SAFETY: advisory only, on our own new mapping; contents are unchanged.
+        if let Err(errno) = unsafe { madvise(ptr.cast(), size, Advice::LinuxHugepage) } {
+            tracing::debug!(%errno, "MADV_HUGEPAGE refused (THP disabled?)");
+        }
+    }
+    Ok(ptr)
+}
+
+/// Whether every byte of `bytes` is zero: ORs 64-byte blocks word by word (vectorised),
+/// checking once per page so a nonzero page stops the scan early.
+pub fn bytes_are_zero(bytes: &[u8]) -> bool {
+    let mut pages = bytes.chunks(PAGE_SIZE);
+    pages.all(|page| {
+        let mut words = page.chunks_exact(8);
+        let acc = words.by_ref().fold(0u64, |a, w| {
+            a | u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])
+        });
+        acc == 0 && words.remainder().iter().all(|&b| b == 0)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -7,10 +7,12 @@
 pub mod discard;
 pub mod ram;
 pub mod resident;
+pub mod shared;
 pub mod vm;
 pub mod zeroing;
 
 pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 pub use resident::{HugePagePool, ProcessRss, ResidentError};
+pub use shared::{ClaimError, RamRange, SharedRam};
 pub use zeroing::{zero_range, zero_range_hinted, ZeroKernel};

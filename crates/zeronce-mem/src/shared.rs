@@ -1,0 +1,264 @@
+//! [`SharedRam`]: a [`GuestRam`] shared between threads, accessed through exclusively
+//! *claimed* byte ranges ([`RamRange`]).
+//!
+//! `GuestRam` changes contents only through `&mut self`, which serialises every writer of
+//! the whole mapping. An allocator hands disjoint blocks to many threads at once; this type
+//! lets each of them own its block's bytes. Soundness: a claim is granted only if it
+//! overlaps no live claim (checked under a mutex), the inner `GuestRam` is never exposed,
+//! and every reference to contents, zeroing or discard goes through a claim. So no two
+//! live references (or kernel side effects) ever touch the same byte.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
+use crate::ram::{bytes_are_zero, BackingKind, GuestRam};
+use crate::resident::ResidentError;
+use crate::zeroing::{zero_range_hinted, ZeroKernel};
+
+/// Why a range could not be claimed.
+#[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClaimError {
+    /// The range is empty or extends past the end of the RAM.
+    #[error("range {offset:#x}+{len:#x} is empty or outside guest RAM of {size:#x} bytes")]
+    OutOfRange {
+        /// Start offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Size of the RAM.
+        size: usize,
+    },
+    /// The range overlaps a live claim.
+    #[error("range {offset:#x}+{len:#x} overlaps the live claim {other_offset:#x}+{other_len:#x}")]
+    Busy {
+        /// Start offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+        /// Start of the claim it overlaps.
+        other_offset: usize,
+        /// Length of the claim it overlaps.
+        other_len: usize,
+    },
+}
+
+/// Guest RAM shared between threads; see the module docs.
+#[derive(Debug)]
+pub struct SharedRam {
+    ram: GuestRam,
+    /// Live claims: start offset → end offset (exclusive); never overlapping.
+    claims: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl SharedRam {
+    /// Shares `ram`.
+    pub fn new(ram: GuestRam) -> Arc<SharedRam> {
+        Arc::new(SharedRam {
+            ram,
+            claims: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.ram.len()
+    }
+
+    /// Whether the RAM is empty (never, for a mapped `GuestRam`).
+    pub fn is_empty(&self) -> bool {
+        self.ram.is_empty()
+    }
+
+    /// What the RAM is backed by.
+    pub fn kind(&self) -> BackingKind {
+        self.ram.kind()
+    }
+
+    /// Discard semantics of the backing.
+    pub fn backing(&self) -> Backing {
+        self.ram.backing()
+    }
+
+    /// Bytes of the range resident in memory (`mincore`; reads no contents).
+    pub fn resident_bytes(&self, offset: usize, len: usize) -> Result<usize, ResidentError> {
+        self.ram.resident_bytes(offset, len)
+    }
+
+    /// Bytes the backing file has allocated (`None` for anonymous memory).
+    pub fn file_allocated_bytes(&self) -> Option<Result<u64, ResidentError>> {
+        self.ram.file_allocated_bytes()
+    }
+
+    /// Claims `[offset, offset + len)` exclusively until the returned range is dropped.
+    pub fn claim(self: &Arc<Self>, offset: usize, len: usize) -> Result<RamRange, ClaimError> {
+        let size = self.ram.len();
+        let end = match offset.checked_add(len) {
+            Some(end) if len > 0 && end <= size => end,
+            _ => return Err(ClaimError::OutOfRange { offset, len, size }),
+        };
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        // The only claim that can overlap is the last one starting before `end`.
+        if let Some((&s, &e)) = claims.range(..end).next_back() {
+            if e > offset {
+                return Err(ClaimError::Busy {
+                    offset,
+                    len,
+                    other_offset: s,
+                    other_len: e - s,
+                });
+            }
+        }
+        claims.insert(offset, end);
+        Ok(RamRange {
+            ram: Arc::clone(self),
+            offset,
+            len,
+        })
+    }
+}
+
+/// An exclusively claimed byte range of a [`SharedRam`]; released on drop.
+#[derive(Debug)]
+pub struct RamRange {
+    ram: Arc<SharedRam>,
+    offset: usize,
+    len: usize,
+}
+
+impl RamRange {
+    /// Start offset in the RAM.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty (never: claims are non-empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // `offset + len <= ram.len()` was checked at claim time.
+        self.ram.ram.as_ptr().wrapping_add(self.offset)
+    }
+
+    /// The bytes (reading faults untouched pages in; they read zero).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: inside the live mapping (checked at claim; the Arc keeps it mapped),
+        // always initialised, and no other claim overlaps, so the only references to these
+        // bytes are borrows of `self`; mutation needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`, and `&mut self` makes this borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+    }
+
+    /// Whether every byte reads zero.
+    pub fn is_zero(&self) -> bool {
+        bytes_are_zero(self.as_slice())
+    }
+
+    /// Zeroes the range with [`ZeroKernel::auto`]; the page holding `hint` (a byte offset
+    /// *into this range*) is zeroed last so it is cache-hot.
+    pub fn zero(&mut self, hint: Option<usize>) -> ZeroKernel {
+        let kernel = ZeroKernel::auto(self.len);
+        // SAFETY: the range is inside the live, writable mapping and exclusively ours
+        // (`&mut self`), so no reference to it is alive during the call.
+        unsafe { zero_range_hinted(self.ptr(), self.len, kernel, hint) };
+        kernel
+    }
+
+    /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value: faults the
+    /// pages in for writing without changing contents.
+    pub fn touch(&mut self, stride: usize) {
+        let stride = if stride == 0 {
+            crate::PAGE_SIZE
+        } else {
+            stride
+        };
+        let bytes = self.as_mut_slice();
+        for i in (0..bytes.len()).step_by(stride) {
+            // Volatile so the self-assignment is not optimised away.
+            let p: *mut u8 = &mut bytes[i];
+            // SAFETY: `p` comes from a live `&mut u8`.
+            unsafe { p.write_volatile(p.read_volatile()) };
+        }
+    }
+
+    /// Discards the range with `op` (page-aligned; whole huge pages for hugetlb) and says
+    /// whether it now reads zero. On error the memory is untouched, except for
+    /// [`DiscardError::Os`].
+    pub fn discard(&mut self, op: DiscardOp) -> Result<ZeroGuarantee, DiscardError> {
+        let backing = self.ram.backing();
+        let file = self.ram.ram.fd().map(|fd| (fd, self.offset as u64));
+        // SAFETY: inside our live mapping of kind `backing` at file offset `offset` of its
+        // fd; exclusively claimed and `&mut self`, so no Rust reference to the contents is
+        // alive while the kernel changes them.
+        unsafe { discard_raw(self.ptr(), self.len, op, backing, file) }?;
+        Ok(op.zero_guarantee(backing))
+    }
+}
+
+impl Drop for RamRange {
+    fn drop(&mut self) {
+        let mut claims = self.ram.claims.lock().unwrap_or_else(|e| e.into_inner());
+        claims.remove(&self.offset);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ram() -> Arc<SharedRam> {
+        SharedRam::new(GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap())
+    }
+
+    #[test]
+    fn overlapping_claims_are_refused_until_released() {
+        let r = ram();
+        let a = r.claim(4096, 8192).unwrap();
+        assert!(matches!(
+            r.claim(0, 4097),
+            Err(ClaimError::Busy {
+                other_offset: 4096,
+                ..
+            })
+        ));
+        assert!(matches!(r.claim(8192, 4096), Err(ClaimError::Busy { .. })));
+        let b = r.claim(12288, 4096).unwrap();
+        let c = r.claim(0, 4096).unwrap();
+        assert!(matches!(r.claim(0, 0), Err(ClaimError::OutOfRange { .. })));
+        assert!(matches!(
+            r.claim(4 << 20, 1),
+            Err(ClaimError::OutOfRange { .. })
+        ));
+        drop(a);
+        let a2 = r.claim(0x1000, 0x2000).unwrap();
+        drop((a2, b, c));
+    }
+
+    #[test]
+    fn writes_zeroing_and_discard_through_claims() {
+        let r = ram();
+        let mut a = r.claim(0, 2 << 20).unwrap();
+        a.as_mut_slice().fill(7);
+        assert!(!a.is_zero());
+        a.zero(Some(4096));
+        assert!(a.is_zero());
+        a.as_mut_slice()[100] = 1;
+        let g = a.discard(DiscardOp::DontNeed).unwrap();
+        assert!(g.is_zeroed());
+        assert!(a.is_zero());
+        a.touch(0);
+        assert!(a.is_zero());
+    }
+}

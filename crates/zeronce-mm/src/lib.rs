@@ -1,3 +1,58 @@
 //! zeronce-mm: the guest memory manager core (pure logic, no syscalls).
+//!
+//! A [`MemoryManager`] is a set of buddy zones (Linux `mm/page_alloc.c`) over a range of
+//! 4 KiB page frames whose free blocks carry two facts, [`FreeState::known_zero`] and
+//! [`FreeState::reported`], kept truthful through every operation (DESIGN §3):
+//!
+//! | event | effect |
+//! |---|---|
+//! | free by owner | dirty + unreported ([`FreeHint::KnownZero`]: known zero + unreported) |
+//! | merge of buddies | known_zero = a ∧ b, reported = a ∧ b; merging is eager and never refused because of state |
+//! | split | both halves inherit |
+//! | put back after report | `Zeroed`: reported + known zero; `NotZeroed`: reported, known_zero unchanged; `Error`: unchanged (unreported) |
+//! | zero-request | zeroing skipped iff the block is known zero, else [`Zeroer::zero`] with the hint page last |
+//! | other request | state dropped |
+//!
+//! **Search policy** ([`MemoryManager::alloc`]): zones are tried in configuration order
+//! (zone fallback list); in a zone, a zero-request takes a known-zero block at the smallest
+//! order ≥ the requested one that has any (splitting a bigger known-zero block rather than
+//! zeroing a dirty block of the exact order), and only if there is none anywhere in that
+//! zone the smallest dirty block; any other request does the mirror image (dirty first, so
+//! known-zero blocks are saved for zero-requests). At equal order, unreported (resident)
+//! blocks are taken before reported ones. Each step is O(1): one list per (order, state)
+//! and a bitmask of non-empty orders per state.
+//!
+//! **Verify mode** ([`MmConfig::verify`]): every skipped zeroing and every claim of zero
+//! (free with `KnownZero`, verdict `Zeroed`, [`MemoryManager::mark_known_zero`]) is
+//! checked with [`Zeroer::is_zero`]; a false claim returns a `VerifyFailed` error, the
+//! block is never handed out as zero and its state is corrected to not known zero.
+//!
+//! Metadata lives in a frame table beside the pages, never in them. Reporting engine
+//! primitives: [`MemoryManager::isolate_unreported`], [`MemoryManager::put_back`],
+//! [`MemoryManager::zone_info`], [`MemoryManager::reportable_generation`],
+//! [`MemoryManager::set_report_notifier`], [`MemoryManager::mark_known_zero`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod error;
+mod manager;
+pub mod reporting;
+mod stats;
+mod types;
+mod zeroing;
+mod zone;
+
+pub use error::{
+    AllocError, ConfigError, FreeError, InvariantViolation, MarkError, OrderError, PutBackError,
+};
+pub use manager::{
+    AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, ReportNotifier, ReportVerdict,
+    Zeroing,
+};
+pub use stats::{FreeCounts, Stats, ZoneInfo};
+pub use types::{
+    Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,
+    MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
+};
+pub use zeroing::{hint_last_order, NoopZeroer, Zeroer};
+pub use zone::IsolatedBlock;

@@ -1,0 +1,114 @@
+//! What the engine talks to: the reporting device (the host side) and the allocator hooks.
+
+use crate::error::PutBackError;
+use crate::types::{Block, Order, PageRange, ZoneId};
+use std::time::Instant;
+use thiserror::Error;
+
+/// The device's answer for one block of a successful report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The device guarantees the block now reads zero (its backing was discarded by an
+    /// operation that refaults zero). The block goes back reported and known zero.
+    Zeroed,
+    /// The device took the block but promises nothing about its contents (lazy discard,
+    /// a hold time not yet over, a host without zero feedback). Reported, not known zero.
+    NotZeroed,
+}
+
+/// A whole report call failed: every block of the batch goes back unreported and the pass
+/// stops (Linux: `page_reporting_drain(..., !err)` then exit).
+#[derive(Debug, Error)]
+#[error("reporting device failed: {source}")]
+pub struct ReportError {
+    /// What the device said.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl ReportError {
+    /// Wraps any device error.
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ReportError {
+            source: source.into(),
+        }
+    }
+}
+
+/// The host side of free page reporting (virtio-balloon's reporting queue, or the running
+/// process's own kernel in process mode).
+pub trait ReportingDevice: Send {
+    /// Most blocks one report call may carry (virtqueue size, ...). The engine uses the
+    /// largest power of two not above `min(config.capacity, capacity())`.
+    fn capacity(&self) -> usize;
+
+    /// Reports `blocks` (isolated: nobody can allocate them until this returns). On
+    /// success, `verdicts[i]` (pre-set to [`Verdict::NotZeroed`]) says what became of
+    /// `blocks[i]`. `now` is the engine's clock.
+    fn report(
+        &mut self,
+        now: Instant,
+        blocks: &[PageRange],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError>;
+
+    /// When the earliest *held* block (reported, not yet discarded) is due to be discarded;
+    /// `None` when the device holds nothing. The engine then runs a settle pass.
+    fn hold_expiry(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Settle pass: `blocks` are free blocks that are reported but not known zero, isolated
+    /// again. A device with a hold time discards those whose hold is over and answers
+    /// [`Verdict::Zeroed`] for them. A block allocated during its hold never comes here
+    /// (it was taken back, resident and not known zero, so a zero-request zeroes it).
+    fn settle(
+        &mut self,
+        _now: Instant,
+        _blocks: &[PageRange],
+        _verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError> {
+        Ok(())
+    }
+}
+
+/// Which free blocks a pass isolates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wanted {
+    /// Not reported yet (dirty or known zero): a report pass.
+    Unreported,
+    /// Reported but not known zero: a settle pass (held or lazily discarded blocks).
+    ReportedNotZero,
+}
+
+/// How an isolated block goes back to its free list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutBack {
+    /// The device took it: reported, known zero iff the verdict says so.
+    Reported(Verdict),
+    /// The report call failed: back in the state it was isolated in (unreported stays
+    /// unreported), never lost.
+    Failed,
+}
+
+/// What the engine needs from the allocator (implemented by [`crate::MemoryManager`]).
+pub trait ReportingHooks {
+    /// Number of zones (`ZoneId(0..n)`).
+    fn zone_count(&self) -> usize;
+    /// Largest block order of the manager.
+    fn max_order(&self) -> Order;
+    /// Free pages of a zone (isolated pages excluded).
+    fn zone_free_pages(&self, zone: ZoneId) -> u64;
+    /// The zone's low watermark in pages.
+    fn zone_low_watermark(&self, zone: ZoneId) -> u64;
+    /// Free blocks of `order` in `zone`, all states (Linux `area->nr_free`).
+    fn nr_free(&self, zone: ZoneId, order: Order) -> u64;
+    /// Takes up to `max` free blocks of exactly `order` in state `wanted` off the free
+    /// lists of `zone` (isolated: not allocatable, not mergeable) and appends them to `out`.
+    fn isolate(&self, zone: ZoneId, order: Order, wanted: Wanted, max: usize, out: &mut Vec<Block>);
+    /// Puts an isolated block back, merging with free buddies (DESIGN §3).
+    fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError>;
+    /// Monotonic count of allocations that took a block of reportable order or larger off
+    /// the free lists (the adaptive budget's churn signal).
+    fn reportable_allocs(&self) -> u64;
+}

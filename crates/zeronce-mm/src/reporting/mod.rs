@@ -1,0 +1,34 @@
+//! Free page reporting (DESIGN §4): after a delay, free blocks of reportable order are
+//! isolated in batches, handed to a [`ReportingDevice`] (the host), and put back reported —
+//! known zero where the device guarantees it (the 000 seed's host-zeroed hints).
+//!
+//! Model: Linux `mm/page_reporting.c` (004 seed, with its rotation and budget patches).
+//! - [`ReportingEngine`]: pure state machine IDLE → REQUESTED → ACTIVE plus the pass logic;
+//!   time is a parameter, so it is tested without sleeping.
+//! - [`Reporter`]: the std driver, one worker thread with a condvar (no busy loop).
+//! - [`ReportingHooks`]: what the engine needs from the allocator;
+//!   [`crate::MemoryManager`] implements it.
+//!
+//! Deviations from Linux, and why:
+//! - Free lists are kept per state (dirty / zero / reported / reported-zero), so the next
+//!   unreported block is always at the head of its list: Linux's rotation is structural.
+//! - A [`BudgetPolicy::Adaptive`] budget reports everything in one pass when nothing of
+//!   reportable order was allocated during the delay (idle memory), Linux's budget otherwise.
+//! - Devices with a hold time answer [`Verdict::NotZeroed`] at report time and get the
+//!   blocks again in a *settle* pass once the hold is over (never a false "zero").
+
+mod config;
+mod device;
+mod engine;
+mod hooks;
+mod state;
+mod worker;
+
+pub use config::{
+    BudgetPolicy, ReportingConfig, ReportingConfigError, BUDGET_DIVISOR, DEFAULT_CAPACITY,
+    DEFAULT_DELAY,
+};
+pub use device::{PutBack, ReportError, ReportingDevice, ReportingHooks, Verdict, Wanted};
+pub use engine::{PassKind, PassReport, PassStats, ReportingEngine, ReportingStats};
+pub use state::{Phase, RequestState};
+pub use worker::{FreeNotify, Notifier, Reporter};

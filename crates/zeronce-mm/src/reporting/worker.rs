@@ -1,0 +1,221 @@
+//! The engine's driver: one background thread that sleeps until a free of reportable order
+//! arrives, waits the delay, and runs passes (Linux: the delayed work item).
+//!
+//! Only std threads, a mutex and a condvar: no syscalls of its own, so it lives here and
+//! serves both process mode and VM mode (the balloon driver is just another device).
+
+use super::config::{ReportingConfig, ReportingConfigError};
+use super::device::{ReportingDevice, ReportingHooks};
+use super::engine::{PassKind, PassReport, ReportingEngine, ReportingStats};
+use crate::types::Order;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Wake-up flags of the worker, under one mutex with its condvar.
+#[derive(Debug, Default)]
+struct Wake {
+    /// A free moved the engine out of IDLE since the worker last looked.
+    notified: bool,
+    /// The reporter is being dropped.
+    shutdown: bool,
+}
+
+/// State shared between the reporter handle, the free path and the worker thread.
+struct Shared<H, D> {
+    hooks: Arc<H>,
+    engine: ReportingEngine,
+    device: Mutex<D>,
+    wake: Mutex<Wake>,
+    cv: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<H, D> Shared<H, D> {
+    fn wake(&self, f: impl FnOnce(&mut Wake)) {
+        f(&mut lock(&self.wake));
+        self.cv.notify_one();
+    }
+}
+
+/// The free-path side of a [`Reporter`]: cheap to clone, callable from any thread.
+pub trait FreeNotify: Send + Sync {
+    /// A block of `order` (after merging) became free.
+    fn freed(&self, order: Order);
+}
+
+impl<H: Send + Sync, D: Send> FreeNotify for Shared<H, D> {
+    fn freed(&self, order: Order) {
+        // One atomic load unless this free moves the engine out of IDLE.
+        if self.engine.notify_free(order) {
+            self.wake(|w| w.notified = true);
+        }
+    }
+}
+
+/// A weak handle on a [`Reporter`]'s free path (see [`Reporter::notifier`]).
+#[derive(Clone)]
+pub struct Notifier(Weak<dyn FreeNotify>);
+
+impl Notifier {
+    /// A block of `order` (after merging) became free.
+    pub fn freed(&self, order: Order) {
+        if let Some(n) = self.0.upgrade() {
+            n.freed(order);
+        }
+    }
+}
+
+/// Free page reporting running in the background for one allocator and one device.
+/// Dropping it stops the worker cleanly (a pass in progress completes first).
+pub struct Reporter<H: ReportingHooks + Send + Sync + 'static, D: ReportingDevice + 'static> {
+    shared: Arc<Shared<H, D>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<H, D> Reporter<H, D>
+where
+    H: ReportingHooks + Send + Sync + 'static,
+    D: ReportingDevice + 'static,
+{
+    /// Starts the worker thread. Like Linux's `page_reporting_register`, it requests an
+    /// initial pass so memory freed before registration is reported too.
+    pub fn start(
+        hooks: Arc<H>,
+        device: D,
+        config: ReportingConfig,
+    ) -> Result<Self, ReportingConfigError> {
+        let engine = ReportingEngine::new(config, device.capacity())?;
+        let shared = Arc::new(Shared {
+            hooks,
+            engine,
+            device: Mutex::new(device),
+            wake: Mutex::new(Wake::default()),
+            cv: Condvar::new(),
+        });
+        // Initial request (Linux: __page_reporting_request at register time).
+        shared.freed(config.order);
+        let worker = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("zeronce-report".into())
+            .spawn(move || worker_loop(&worker))
+            .expect("spawning the reporting worker thread");
+        Ok(Reporter {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The free-path hook to give the allocator. It holds the reporter weakly (the
+    /// allocator may outlive it, and must not keep it alive): after the reporter is
+    /// dropped it does nothing.
+    pub fn notifier(&self) -> Notifier {
+        let weak: Weak<Shared<H, D>> = Arc::downgrade(&self.shared);
+        Notifier(weak)
+    }
+
+    /// Same as `notifier().freed(order)`.
+    pub fn notify_free(&self, order: Order) {
+        self.shared.freed(order);
+    }
+
+    /// Reports now, up to `max_pages` pages, ignoring the delay and the budget (the 000
+    /// seed's flush); also settles expired holds first. Blocks while a pass is running.
+    pub fn flush(&self, max_pages: u64) -> PassReport {
+        let mut dev = lock(&self.shared.device);
+        let now = Instant::now();
+        if dev.hold_expiry().is_some_and(|t| t <= now) {
+            self.shared
+                .engine
+                .pass(&*self.shared.hooks, &mut *dev, now, PassKind::Settle);
+        }
+        self.shared.engine.pass(
+            &*self.shared.hooks,
+            &mut *dev,
+            now,
+            PassKind::Flush { max_pages },
+        )
+    }
+
+    /// Runs a settle pass now (held blocks whose hold is over get discarded).
+    pub fn settle(&self) -> PassReport {
+        let mut dev = lock(&self.shared.device);
+        self.shared.engine.pass(
+            &*self.shared.hooks,
+            &mut *dev,
+            Instant::now(),
+            PassKind::Settle,
+        )
+    }
+
+    /// The engine (configuration, phase).
+    pub fn engine(&self) -> &ReportingEngine {
+        &self.shared.engine
+    }
+
+    /// Lifetime counters.
+    pub fn stats(&self) -> ReportingStats {
+        self.shared.engine.stats()
+    }
+
+    /// Runs `f` on the device (e.g. to read its own counters); waits for a running pass.
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut lock(&self.shared.device))
+    }
+}
+
+impl<H, D> Drop for Reporter<H, D>
+where
+    H: ReportingHooks + Send + Sync + 'static,
+    D: ReportingDevice + 'static,
+{
+    fn drop(&mut self) {
+        self.shared.wake(|w| w.shutdown = true);
+        if let Some(t) = self.thread.take() {
+            // A panicked worker already stopped; nothing more to clean up.
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sleep until notified or due, run what is due, repeat; never spins.
+fn worker_loop<H: ReportingHooks + Send + Sync, D: ReportingDevice>(s: &Shared<H, D>) {
+    let mut wake = lock(&s.wake);
+    loop {
+        if wake.shutdown {
+            return;
+        }
+        wake.notified = false;
+        let now = Instant::now();
+        // A request seen for the first time starts its delay now.
+        s.engine.arm(&*s.hooks, now);
+        let next = s.engine.next_wakeup(&*lock(&s.device));
+        match next {
+            None => {
+                // IDLE and nothing held: sleep until a reportable free or shutdown.
+                while !wake.notified && !wake.shutdown {
+                    wake = s.cv.wait(wake).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            Some(t) if t > now => {
+                // Delay running: a notify or shutdown may cut it short; then re-evaluate.
+                wake =
+                    s.cv.wait_timeout(wake, t - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+            }
+            Some(_) => {
+                // Due: run without holding the wake lock so frees never wait for a pass.
+                drop(wake);
+                {
+                    let mut dev = lock(&s.device);
+                    s.engine.run_due(&*s.hooks, &mut *dev, Instant::now());
+                }
+                wake = lock(&s.wake);
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! One zone: a buddy allocator over a PFN range (think NUMA node), with the frame table kept
+//! apart from the pages. Not thread-safe by itself: [`crate::MemoryManager`] wraps each zone
+//! in a mutex. Model: Linux `mm/page_alloc.c` (`__rmqueue_smallest`, `expand`,
+//! `__free_one_page`) and `mm/page_reporting.c` (`__isolate_free_page`,
+//! `__putback_isolated_page`).
+
+mod check;
+pub(crate) mod free_lists;
+
+use crate::error::FreeError;
+use crate::stats::{FreeCounts, ZoneInfo};
+use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
+use free_lists::{Frame, FreeLists, Tag};
+
+/// States a zero-request prefers: known zero (resident first, then reported).
+const ZERO_STATES: [FreeState; 2] = [FreeState::ZERO, FreeState::REPORTED_ZERO];
+/// States any other request prefers: dirty (resident first, then reported).
+const DIRTY_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::REPORTED_DIRTY];
+/// States the reporting engine may isolate: the unreported ones, dirty first.
+const UNREPORTED_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::ZERO];
+
+/// A block isolated for reporting and the state it had on the free list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IsolatedBlock {
+    /// The block (its pages are no longer on any free list).
+    pub block: Block,
+    /// Its state when it was isolated (never `reported`).
+    pub state: FreeState,
+}
+
+/// Per-zone allocation counters, kept under the zone lock.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ZoneCounters {
+    /// Successful allocations per order.
+    pub allocs: [u64; NR_ORDERS],
+    /// Successful frees per order (as given by the caller).
+    pub frees: [u64; NR_ORDERS],
+}
+
+/// A buddy zone: frame table, free lists and page counts.
+pub(crate) struct Zone {
+    /// Which zone this is.
+    pub id: ZoneId,
+    /// The PFNs it manages.
+    pub range: PageRange,
+    /// Largest block order.
+    pub max_order: Order,
+    /// Low watermark in pages (the reporting engine skips the zone below it).
+    pub low_watermark: u64,
+    /// One entry per page of `range`.
+    frames: Vec<Frame>,
+    /// Free lists threaded through `frames`.
+    lists: FreeLists,
+    /// Pages in free blocks on the lists.
+    free_pages: u64,
+    /// Pages in isolated blocks.
+    isolated_pages: u64,
+    /// Counters for [`crate::Stats`].
+    pub counters: ZoneCounters,
+}
+
+impl Zone {
+    /// A zone whose pages are all free in `initial` state, carved into the largest aligned
+    /// blocks that fit (edges not aligned to `max_order` become smaller blocks).
+    pub fn new(
+        id: ZoneId,
+        range: PageRange,
+        max_order: Order,
+        low_watermark: u64,
+        initial: FreeState,
+    ) -> Zone {
+        let mut zone = Zone {
+            id,
+            range,
+            max_order,
+            low_watermark,
+            frames: vec![Frame::TAIL; range.pages as usize],
+            lists: FreeLists::new(),
+            free_pages: 0,
+            isolated_pages: 0,
+            counters: ZoneCounters::default(),
+        };
+        let mut pfn = range.start.0;
+        let end = range.end().0;
+        while pfn < end {
+            // Largest order allowed by the alignment of `pfn` (absolute, as buddies are
+            // found by XOR on the absolute PFN), by what remains, and by max_order.
+            let align = if pfn == 0 { 63 } else { pfn.trailing_zeros() };
+            let fit = 63 - (end - pfn).leading_zeros();
+            let order =
+                Order::new(align.min(fit).min(max_order.get() as u32) as u8).unwrap_or(max_order);
+            let idx = zone.idx(Pfn(pfn));
+            zone.lists.push(&mut zone.frames, idx, order, initial);
+            zone.free_pages += order.pages();
+            pfn += order.pages();
+        }
+        zone
+    }
+
+    /// Frame-table index of `pfn` (which must be in the zone).
+    fn idx(&self, pfn: Pfn) -> u32 {
+        (pfn.0 - self.range.start.0) as u32
+    }
+
+    /// PFN of frame-table index `idx`.
+    fn pfn(&self, idx: u32) -> Pfn {
+        Pfn(self.range.start.0 + idx as u64)
+    }
+
+    /// Takes a block of `order` off the free lists and marks it allocated. Search policy:
+    /// the preferred states (known zero for zero-requests, dirty otherwise) at the smallest
+    /// order >= `order` that has one, splitting it if needed; only if no order has a block in
+    /// a preferred state, the other states the same way. Within a kind, resident
+    /// (unreported) blocks before reported ones at the same order.
+    pub fn take(&mut self, order: Order, zeroed: bool) -> Option<(Block, FreeState)> {
+        let (prefer, fallback) = if zeroed {
+            (&ZERO_STATES, &DIRTY_STATES)
+        } else {
+            (&DIRTY_STATES, &ZERO_STATES)
+        };
+        let (mut cur, state) = self
+            .lists
+            .smallest(prefer, order, self.max_order)
+            .or_else(|| self.lists.smallest(fallback, order, self.max_order))?;
+        let idx = self.lists.pop(&mut self.frames, cur, state)?;
+        // expand(): keep the lower half, give the upper half back; halves inherit the state.
+        while cur > order {
+            cur = cur.lower()?;
+            let upper = idx + cur.pages() as u32;
+            self.lists.push(&mut self.frames, upper, cur, state);
+        }
+        self.frames[idx as usize].tag = Tag::Allocated { order };
+        self.free_pages -= order.pages();
+        self.counters.allocs[order.index()] += 1;
+        Some((Block::new(self.pfn(idx), order), state))
+    }
+
+    /// Undoes [`Zone::take`] for a block that must not be handed out after all (verify
+    /// failure): back on the free lists in `state`, merged, allocation not counted.
+    pub fn untake(&mut self, block: Block, state: FreeState) {
+        self.counters.allocs[block.order.index()] -= 1;
+        self.free_pages += block.order.pages();
+        self.merge_insert(block, state);
+    }
+
+    /// The block whose first frame is at or below `pfn` and covers it, with its tag.
+    fn containing(&self, pfn: Pfn) -> Option<(Block, Tag)> {
+        for order in Order::ZERO.up_to(self.max_order) {
+            let head = Pfn(pfn.0 & !(order.pages() - 1));
+            if head < self.range.start {
+                break;
+            }
+            let tag = self.frames[self.idx(head) as usize].tag;
+            let head_order = match tag {
+                Tag::Tail => continue,
+                Tag::Free { order, .. }
+                | Tag::Allocated { order }
+                | Tag::Isolated { order, .. } => order,
+            };
+            if head.0 + head_order.pages() > pfn.0 {
+                return Some((Block::new(head, head_order), tag));
+            }
+        }
+        None
+    }
+
+    /// Checks that `block` is exactly an allocated block of this zone.
+    pub fn check_allocated(&self, block: Block) -> Result<(), FreeError> {
+        if block.order > self.max_order {
+            return Err(FreeError::OrderTooLarge {
+                order: block.order,
+                max: self.max_order,
+            });
+        }
+        if !self.range.contains(block.pfn) {
+            return Err(FreeError::NotOwned(block.pfn));
+        }
+        if !self.range.contains_range(&block.range()) {
+            return Err(FreeError::OutOfZone(block));
+        }
+        if !block.is_aligned() {
+            return Err(FreeError::Unaligned(block));
+        }
+        let (found, tag) = self
+            .containing(block.pfn)
+            .ok_or(FreeError::NotOwned(block.pfn))?;
+        match tag {
+            Tag::Allocated { order } if found.pfn == block.pfn && order == block.order => Ok(()),
+            Tag::Allocated { order } if found.pfn == block.pfn => Err(FreeError::WrongOrder {
+                block,
+                allocated: order,
+            }),
+            Tag::Allocated { .. } => Err(FreeError::NotBlockStart {
+                block,
+                allocated: found,
+            }),
+            Tag::Free { .. } => Err(FreeError::DoubleFree { block, free: found }),
+            Tag::Isolated { .. } => Err(FreeError::Isolated {
+                block,
+                isolated: found,
+            }),
+            // `containing` never returns a tail.
+            Tag::Tail => Err(FreeError::NotOwned(block.pfn)),
+        }
+    }
+
+    /// Frees an allocated block with `state` (checked first: on error nothing changes).
+    /// Returns the merged block and its state.
+    pub fn free(
+        &mut self,
+        block: Block,
+        state: FreeState,
+    ) -> Result<(Block, FreeState), FreeError> {
+        self.check_allocated(block)?;
+        self.counters.frees[block.order.index()] += 1;
+        self.free_pages += block.order.pages();
+        Ok(self.merge_insert(block, state))
+    }
+
+    /// `__free_one_page`: merges `block` (no longer allocated/isolated) with free buddies of
+    /// the same order as far as possible, then puts the result on its free list.
+    fn merge_insert(&mut self, block: Block, state: FreeState) -> (Block, FreeState) {
+        let (mut pfn, mut order, mut state) = (block.pfn, block.order, state);
+        while order < self.max_order {
+            // The buddy differs from the block only in the bit of its size.
+            let buddy = Pfn(pfn.0 ^ order.pages());
+            // Zone edges not aligned to this order: the buddy is outside, no merge.
+            if !self
+                .range
+                .contains_range(&PageRange::new(buddy, order.pages()))
+            {
+                break;
+            }
+            let bidx = self.idx(buddy);
+            let Tag::Free {
+                order: b_order,
+                state: b_state,
+            } = self.frames[bidx as usize].tag
+            else {
+                // Buddy allocated, isolated, or a tail of something: stop here.
+                break;
+            };
+            if b_order != order {
+                // Buddy's head is free but split smaller: its other parts are not free.
+                break;
+            }
+            self.lists.remove(&mut self.frames, bidx, b_order, b_state);
+            // DESIGN §3: known_zero = a ∧ b, reported = a ∧ b.
+            state = state.merge(b_state);
+            // The upper buddy's head frame becomes a tail of the merged block.
+            let upper = pfn.max(buddy);
+            let uidx = self.idx(upper);
+            self.frames[uidx as usize] = Frame::TAIL;
+            pfn = pfn.min(buddy);
+            order = order.higher().unwrap_or(order);
+        }
+        let idx = self.idx(pfn);
+        self.lists.push(&mut self.frames, idx, order, state);
+        (Block::new(pfn, order), state)
+    }
+
+    /// `__isolate_free_page` for reporting: takes unreported free blocks of orders
+    /// `min_order..=max_order` off the free lists (ascending order, dirty before known zero)
+    /// until `out` holds `max_blocks`, marks them isolated and appends them to `out`. No
+    /// allocation can get them until [`Zone::put_back`].
+    pub fn isolate_unreported(
+        &mut self,
+        min_order: Order,
+        max_order: Order,
+        max_blocks: usize,
+        out: &mut Vec<IsolatedBlock>,
+    ) {
+        let max_order = max_order.min(self.max_order);
+        if min_order > max_order {
+            return;
+        }
+        for order in min_order.up_to(max_order) {
+            for state in UNREPORTED_STATES {
+                while out.len() < max_blocks {
+                    let Some(idx) = self.lists.pop(&mut self.frames, order, state) else {
+                        break;
+                    };
+                    self.frames[idx as usize].tag = Tag::Isolated { order, state };
+                    self.free_pages -= order.pages();
+                    self.isolated_pages += order.pages();
+                    out.push(IsolatedBlock {
+                        block: Block::new(self.pfn(idx), order),
+                        state,
+                    });
+                }
+            }
+        }
+    }
+
+    /// State an isolated `block` had when isolated, or `None` if it is not exactly an
+    /// isolated block.
+    pub fn isolated_state(&self, block: Block) -> Option<FreeState> {
+        if !self.range.contains_range(&block.range()) || !block.is_aligned() {
+            return None;
+        }
+        match self.frames[self.idx(block.pfn) as usize].tag {
+            Tag::Isolated { order, state } if order == block.order => Some(state),
+            _ => None,
+        }
+    }
+
+    /// `__putback_isolated_page`: returns an isolated block (checked by the caller with
+    /// [`Zone::isolated_state`]) to the free lists in `state`, merging with free buddies.
+    pub fn put_back(&mut self, block: Block, state: FreeState) -> (Block, FreeState) {
+        self.isolated_pages -= block.order.pages();
+        self.free_pages += block.order.pages();
+        self.merge_insert(block, state)
+    }
+
+    /// Free blocks lying entirely inside `range` that are not known zero (blocks only
+    /// partly inside are not split: the hint is ignored for them).
+    pub fn free_blocks_not_zero_in(&self, range: PageRange) -> Vec<(Block, FreeState)> {
+        let mut found = Vec::new();
+        let mut pfn = range.start;
+        while pfn < range.end() {
+            let Some((block, tag)) = self.containing(pfn) else {
+                pfn = Pfn(pfn.0 + 1);
+                continue;
+            };
+            if let Tag::Free { state, .. } = tag {
+                if !state.known_zero && range.contains_range(&block.range()) {
+                    found.push((block, state));
+                }
+            }
+            pfn = block.range().end();
+        }
+        found
+    }
+
+    /// Sets `known_zero` on a free block returned by [`Zone::free_blocks_not_zero_in`]
+    /// (reported unchanged). Moves it to the matching list.
+    pub fn set_known_zero(&mut self, block: Block, state: FreeState) {
+        let idx = self.idx(block.pfn);
+        self.lists.remove(&mut self.frames, idx, block.order, state);
+        let zero = FreeState {
+            known_zero: true,
+            ..state
+        };
+        self.lists.push(&mut self.frames, idx, block.order, zero);
+    }
+
+    /// Snapshot for the reporting engine and stats.
+    pub fn info(&self) -> ZoneInfo {
+        let mut nr_free = [FreeCounts::default(); NR_ORDERS];
+        for order in Order::ZERO.up_to(self.max_order) {
+            for state in FreeState::ALL {
+                nr_free[order.index()].set(state, self.lists.count(order, state));
+            }
+        }
+        ZoneInfo {
+            id: self.id,
+            range: self.range,
+            max_order: self.max_order,
+            free_pages: self.free_pages,
+            isolated_pages: self.isolated_pages,
+            allocated_pages: self.range.pages - self.free_pages - self.isolated_pages,
+            low_watermark: self.low_watermark,
+            nr_free,
+        }
+    }
+
+    /// Free state of the block containing `pfn`, if that block is free (for tests/tools).
+    pub fn state_of(&self, pfn: Pfn) -> Option<(Block, FreeState)> {
+        match self.containing(pfn)? {
+            (block, Tag::Free { state, .. }) => Some((block, state)),
+            _ => None,
+        }
+    }
+}

@@ -24,6 +24,9 @@ mod hooks;
 mod state;
 mod worker;
 
+#[cfg(test)]
+mod tests;
+
 pub use config::{
     BudgetPolicy, ReportingConfig, ReportingConfigError, BUDGET_DIVISOR, DEFAULT_CAPACITY,
     DEFAULT_DELAY,

@@ -1,0 +1,301 @@
+//! Engine tests against the real [`MemoryManager`] and a scripted device; time is a
+//! parameter, nothing sleeps.
+
+use super::*;
+use crate::{
+    AllocRequest, FreeHint, FreeState, MemoryManager, MmConfig, NoopZeroer, Order, PageRange, Pfn,
+    ZoneId,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A device answering from a script (then `default`), recording every call.
+struct Scripted {
+    script: VecDeque<Result<Verdict, ()>>,
+    default: Verdict,
+    cap: usize,
+    calls: Vec<Vec<PageRange>>,
+}
+
+impl Scripted {
+    fn new(default: Verdict) -> Self {
+        Scripted {
+            script: VecDeque::new(),
+            default,
+            cap: 1024,
+            calls: Vec::new(),
+        }
+    }
+}
+
+impl ReportingDevice for Scripted {
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    fn report(
+        &mut self,
+        _now: Instant,
+        blocks: &[PageRange],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError> {
+        self.calls.push(blocks.to_vec());
+        match self.script.pop_front() {
+            Some(Err(())) => Err(ReportError::new("scripted failure")),
+            Some(Ok(v)) => {
+                verdicts.fill(v);
+                Ok(())
+            }
+            None => {
+                verdicts.fill(self.default);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// 1024 pages, max order 4, reporting order 2: 64 free blocks of order 4, all dirty.
+fn mm(watermark: u64) -> MemoryManager {
+    let mut c = MmConfig::new(vec![PageRange::new(Pfn(0), 1024)]);
+    c.max_order = Order::new(4).unwrap();
+    c.reporting_order = Order::new(2).unwrap();
+    c.low_watermark_pages = Some(watermark);
+    MemoryManager::new(c, Arc::new(NoopZeroer)).unwrap()
+}
+
+fn cfg(capacity: usize, budget: BudgetPolicy) -> ReportingConfig {
+    ReportingConfig {
+        order: Order::new(2).unwrap(),
+        capacity,
+        delay: Duration::from_secs(2),
+        budget,
+        watermark_gate: true,
+    }
+}
+
+/// A fresh manager (no watermark), a scripted device and an engine.
+fn setup(
+    capacity: usize,
+    budget: BudgetPolicy,
+    verdict: Verdict,
+) -> (MemoryManager, Scripted, ReportingEngine) {
+    let dev = Scripted::new(verdict);
+    let e = ReportingEngine::new(cfg(capacity, budget), dev.capacity()).unwrap();
+    (mm(0), dev, e)
+}
+
+/// A flush of at most `max_pages`, now.
+fn flush(
+    e: &ReportingEngine,
+    m: &MemoryManager,
+    dev: &mut impl ReportingDevice,
+    max_pages: u64,
+) -> PassReport {
+    e.pass(m, dev, Instant::now(), PassKind::Flush { max_pages })
+}
+
+fn free_pages_in(m: &MemoryManager, state: FreeState) -> u64 {
+    m.stats().free_pages.iter().map(|c| c.get(state)).sum()
+}
+
+#[test]
+fn flush_reports_everything_and_zeroed_verdicts_make_known_zero() {
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::Zeroed);
+    let r = flush(&e, &m, &mut dev, u64::MAX);
+    assert!(r.error.is_none());
+    assert_eq!(r.stats.pages, 1024);
+    assert_eq!(r.stats.calls, 2, "64 blocks in batches of 32");
+    assert_eq!(free_pages_in(&m, FreeState::REPORTED_ZERO), 1024);
+    m.check_invariants().unwrap();
+    // Nothing left: a second flush reports nothing.
+    let r = flush(&e, &m, &mut dev, u64::MAX);
+    assert_eq!((r.stats.calls, r.stats.pages), (0, 0));
+}
+
+#[test]
+fn flush_stops_at_its_page_limit_in_whole_blocks() {
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::NotZeroed);
+    let r = flush(&e, &m, &mut dev, 40);
+    assert_eq!(r.stats.pages, 48, "40 pages round up to 3 blocks of 16");
+    assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 48);
+    assert_eq!(free_pages_in(&m, FreeState::DIRTY), 1024 - 48);
+}
+
+#[test]
+fn an_error_puts_the_batch_back_unreported_and_stops_the_pass() {
+    let (m, mut dev, e) = setup(8, BudgetPolicy::Unlimited, Verdict::Zeroed);
+    dev.script.push_back(Err(()));
+    let r = flush(&e, &m, &mut dev, u64::MAX);
+    assert!(r.error.is_some());
+    assert_eq!((r.stats.calls, r.stats.errors, r.stats.pages), (1, 1, 0));
+    assert_eq!(
+        free_pages_in(&m, FreeState::DIRTY),
+        1024,
+        "nothing lost, nothing reported"
+    );
+    assert_eq!(m.stats().isolated_pages, 0);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn blocks_being_reported_cannot_be_allocated() {
+    struct Grabby {
+        mm: Arc<MemoryManager>,
+        overlaps: usize,
+    }
+    impl ReportingDevice for Grabby {
+        fn capacity(&self) -> usize {
+            32
+        }
+        fn report(
+            &mut self,
+            _: Instant,
+            blocks: &[PageRange],
+            v: &mut [Verdict],
+        ) -> Result<(), ReportError> {
+            // Allocate everything still allocatable while the batch is out.
+            while let Ok(a) = self.mm.alloc(Order::new(2).unwrap(), AllocRequest::DIRTY) {
+                self.overlaps += blocks
+                    .iter()
+                    .filter(|b| b.overlaps(&a.block.range()))
+                    .count();
+            }
+            v.fill(Verdict::Zeroed);
+            Ok(())
+        }
+    }
+    let m = Arc::new(mm(0));
+    let mut dev = Grabby {
+        mm: Arc::clone(&m),
+        overlaps: 0,
+    };
+    let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 32).unwrap();
+    let r = flush(&e, &*m, &mut dev, u64::MAX);
+    assert_eq!(dev.overlaps, 0);
+    assert_eq!(
+        r.stats.pages, 64,
+        "the first batch of 4 order-4 blocks; the rest was taken"
+    );
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn scheduled_pass_waits_for_the_delay_and_keeps_the_linux_budget() {
+    // capacity 2: budget = ceil(64 / (2 * 16)) + 1 = 3 calls = 6 blocks per pass.
+    let (m, mut dev, e) = setup(2, BudgetPolicy::Linux, Verdict::Zeroed);
+    let t0 = Instant::now();
+    assert!(
+        !e.notify_free(Order::new(1).unwrap()),
+        "below the reporting order"
+    );
+    assert!(
+        e.notify_free(Order::new(4).unwrap()),
+        "IDLE → REQUESTED wakes"
+    );
+    assert!(!e.notify_free(Order::new(4).unwrap()));
+    assert_eq!(
+        e.next_wakeup(&dev),
+        None,
+        "not armed until the worker sees it"
+    );
+    e.arm(&m, t0);
+    assert_eq!(e.next_wakeup(&dev), Some(t0 + Duration::from_secs(2)));
+    assert!(e
+        .run_due(&m, &mut dev, t0 + Duration::from_secs(1))
+        .is_none());
+    let r = e
+        .run_due(&m, &mut dev, t0 + Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(
+        (r.stats.calls, r.stats.blocks, r.stats.budget_stops),
+        (3, 6, 1)
+    );
+    // Budget spent → REQUESTED, next pass one delay later.
+    assert_eq!(e.phase(), Phase::Requested);
+    assert_eq!(e.next_wakeup(&dev), Some(t0 + Duration::from_secs(4)));
+    let mut passes = 1;
+    let mut now = t0 + Duration::from_secs(2);
+    while e.phase() != Phase::Idle {
+        now += Duration::from_secs(2);
+        e.run_due(&m, &mut dev, now).unwrap();
+        passes += 1;
+        assert!(passes < 64);
+    }
+    assert_eq!(free_pages_in(&m, FreeState::REPORTED_ZERO), 1024);
+    assert!(
+        passes > 5,
+        "Linux spreads reporting over many passes, got {passes}"
+    );
+    assert_eq!(e.next_wakeup(&dev), None);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn adaptive_budget_lifts_only_when_nothing_reportable_was_allocated() {
+    let run = |churn: bool| {
+        let (m, mut dev, e) = setup(2, BudgetPolicy::Adaptive, Verdict::Zeroed);
+        let t0 = Instant::now();
+        assert!(e.notify_free(Order::new(4).unwrap()));
+        e.arm(&m, t0);
+        if churn {
+            let a = m
+                .alloc(Order::new(2).unwrap(), AllocRequest::DIRTY)
+                .unwrap();
+            m.free(a.block, FreeHint::Dirty).unwrap();
+        }
+        e.run_due(&m, &mut dev, t0 + Duration::from_secs(2))
+            .unwrap()
+            .stats
+            .blocks
+    };
+    assert_eq!(run(false), 64, "idle: everything in one pass");
+    assert_eq!(run(true), 6, "churn: the Linux budget");
+}
+
+#[test]
+fn a_zone_under_its_watermark_plus_one_batch_is_skipped() {
+    // 1024 free pages: gated when low watermark + 2 blocks of order 2 (8 pages) > 1024.
+    let m = mm(1024 - 8 + 1);
+    let mut dev = Scripted::new(Verdict::Zeroed);
+    let e = ReportingEngine::new(cfg(2, BudgetPolicy::Unlimited), dev.capacity()).unwrap();
+    let r = flush(&e, &m, &mut dev, u64::MAX);
+    assert_eq!((r.stats.gated_zones, r.stats.calls), (1, 0));
+    let m = mm(1024 - 8);
+    let r = flush(&e, &m, &mut dev, u64::MAX);
+    assert_eq!((r.stats.gated_zones, r.stats.pages), (0, 1024));
+}
+
+#[test]
+fn a_free_during_a_pass_reschedules_it() {
+    struct Freer<'a> {
+        e: &'a ReportingEngine,
+    }
+    impl ReportingDevice for Freer<'_> {
+        fn capacity(&self) -> usize {
+            32
+        }
+        fn report(
+            &mut self,
+            _: Instant,
+            _: &[PageRange],
+            _: &mut [Verdict],
+        ) -> Result<(), ReportError> {
+            assert!(
+                !self.e.notify_free(Order::new(3).unwrap()),
+                "ACTIVE: no wake needed"
+            );
+            Ok(())
+        }
+    }
+    let m = mm(0);
+    let e = ReportingEngine::new(cfg(32, BudgetPolicy::Unlimited), 32).unwrap();
+    let t0 = Instant::now();
+    e.notify_free(Order::new(4).unwrap());
+    e.arm(&m, t0);
+    let mut dev = Freer { e: &e };
+    e.run_due(&m, &mut dev, t0 + Duration::from_secs(2))
+        .unwrap();
+    assert_eq!(e.phase(), Phase::Requested);
+    assert_eq!(e.next_wakeup(&dev), Some(t0 + Duration::from_secs(4)));
+    assert_eq!(m.zone_info(ZoneId(0)).unwrap().isolated_pages, 0);
+}

@@ -1,0 +1,143 @@
+//! The configuration space (`struct virtio_balloon_config`, four le32 fields), with
+//! byte-granular reads and writes at any offset and length, as transports perform them.
+//!
+//! The device owns `num_pages` and `free_page_hint_cmd_id`; the driver writes `actual`
+//! and `poison_val`. An access outside the 16 bytes, or a driver write touching a
+//! device-owned byte, is refused with a typed error and changes nothing.
+
+use crate::error::BalloonError;
+use crate::spec::config_layout::{ACTUAL, FREE_PAGE_HINT_CMD_ID, NUM_PAGES, POISON_VAL, SIZE};
+
+/// The balloon configuration space.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigSpace {
+    bytes: [u8; SIZE as usize],
+}
+
+impl ConfigSpace {
+    fn field(&self, offset: u64) -> u32 {
+        let o = offset as usize;
+        u32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4-byte field"))
+    }
+
+    fn set_field(&mut self, offset: u64, v: u32) {
+        let o = offset as usize;
+        self.bytes[o..o + 4].copy_from_slice(&v.to_le_bytes());
+    }
+
+    /// The host's target balloon size, in 4 KiB pages.
+    pub fn num_pages(&self) -> u32 {
+        self.field(NUM_PAGES)
+    }
+
+    /// Sets the target (device side; the caller signals the config change).
+    pub fn set_num_pages(&mut self, pages: u32) {
+        self.set_field(NUM_PAGES, pages);
+    }
+
+    /// The balloon size the driver last reported, in 4 KiB pages.
+    pub fn actual(&self) -> u32 {
+        self.field(ACTUAL)
+    }
+
+    /// The free page hint command id.
+    pub fn free_page_hint_cmd_id(&self) -> u32 {
+        self.field(FREE_PAGE_HINT_CMD_ID)
+    }
+
+    /// The guest's page poison value (meaningful with `PAGE_POISON`).
+    pub fn poison_val(&self) -> u32 {
+        self.field(POISON_VAL)
+    }
+
+    /// Checks `[offset, offset + len)` lies inside the config space.
+    fn check(offset: u64, len: usize) -> Result<std::ops::Range<usize>, BalloonError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= SIZE => Ok(offset as usize..end as usize),
+            _ => Err(BalloonError::ConfigOutOfRange {
+                offset,
+                len,
+                size: SIZE,
+            }),
+        }
+    }
+
+    /// Reads `data.len()` bytes at `offset`. Out-of-range reads fail and leave `data`
+    /// untouched.
+    pub fn read(&self, offset: u64, data: &mut [u8]) -> Result<(), BalloonError> {
+        let r = Self::check(offset, data.len())?;
+        data.copy_from_slice(&self.bytes[r]);
+        Ok(())
+    }
+
+    /// A driver write of `data` at `offset`: only inside `actual` and `poison_val`.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), BalloonError> {
+        let r = Self::check(offset, data.len())?;
+        let writable = |i: usize| {
+            let i = i as u64;
+            (ACTUAL..ACTUAL + 4).contains(&i) || (POISON_VAL..POISON_VAL + 4).contains(&i)
+        };
+        if !r.clone().all(writable) {
+            return Err(BalloonError::ConfigReadOnly {
+                offset,
+                len: data.len(),
+            });
+        }
+        self.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::MalformedKind;
+
+    #[test]
+    fn fields_are_little_endian_and_readable_at_any_offset() {
+        let mut c = ConfigSpace::default();
+        c.set_num_pages(0x0102_0304);
+        let mut b = [0u8; 2];
+        c.read(1, &mut b).unwrap();
+        assert_eq!(b, [0x03, 0x02]);
+        let mut all = [0u8; 16];
+        c.read(0, &mut all).unwrap();
+        assert_eq!(&all[..4], &[4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn driver_writes_actual_byte_by_byte_like_legacy_pci() {
+        let mut c = ConfigSpace::default();
+        for (i, b) in 0x1234_5678u32.to_le_bytes().iter().enumerate() {
+            c.write(ACTUAL + i as u64, &[*b]).unwrap();
+        }
+        assert_eq!(c.actual(), 0x1234_5678);
+        c.write(POISON_VAL, &0xaau32.to_le_bytes()).unwrap();
+        assert_eq!(c.poison_val(), 0xaa);
+    }
+
+    #[test]
+    fn out_of_range_and_read_only_accesses_are_refused_without_effect() {
+        let mut c = ConfigSpace::default();
+        c.set_num_pages(7);
+        let before = c.clone();
+        let mut b = [0xeeu8; 4];
+        for (off, len) in [(16u64, 1usize), (13, 4), (u64::MAX, 2), (0, 17)] {
+            let e = c.read(off, &mut b[..len.min(4)]).err();
+            if len <= 4 {
+                assert_eq!(e.and_then(|e| e.kind()), Some(MalformedKind::ConfigOutOfRange));
+            }
+            let e = c.write(off, &vec![1; len]).unwrap_err();
+            assert_eq!(e.kind(), Some(MalformedKind::ConfigOutOfRange), "{off}+{len}");
+        }
+        assert_eq!(b, [0xee; 4], "failed read left the buffer alone");
+        for (off, len) in [(0u64, 4usize), (3, 2), (8, 1), (11, 2)] {
+            let e = c.write(off, &vec![1; len]).unwrap_err();
+            assert_eq!(e.kind(), Some(MalformedKind::ConfigReadOnly), "{off}+{len}");
+        }
+        assert_eq!(c, before);
+        // Zero-length accesses inside the space are harmless no-ops.
+        c.read(16, &mut []).unwrap();
+        c.write(4, &[]).unwrap();
+    }
+}

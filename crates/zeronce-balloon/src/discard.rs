@@ -1,0 +1,252 @@
+//! Discard policies, the [`Discarder`] effect trait, and the execution of discard plans.
+//!
+//! Queue handlers only *plan* (pure: which guest ranges, which op, which promise); a
+//! [`Discarder`] performs the effects. [`MmapDiscarder`] is the real one (through
+//! `zeronce_mem::vm`, where the `unsafe` lives); [`crate::mock::RecordingDiscarder`]
+//! records calls for tests.
+//!
+//! # Policies and what bits 6 / 7 can honestly promise
+//!
+//! | policy | op | when | zero promise |
+//! |---|---|---|---|
+//! | [`DiscardPolicy::Immediate`] | best op for the backing (DONTNEED / punch hole) | before the descriptor is used | iff the op guarantees zero for the backing and succeeded |
+//! | [`DiscardPolicy::Held`] | same | at the first [`crate::BalloonDevice::tick`] after the deadline; **the descriptor is held until then** | same, decided at completion |
+//! | [`DiscardPolicy::Lazy`] | `MADV_FREE` (private anonymous); best op elsewhere | before the descriptor is used | never |
+//!
+//! Why `Held` holds the descriptor instead of acknowledging at once and discarding later:
+//! once a reporting buffer is used, the guest puts the pages back on its free lists and may
+//! allocate and write them at any time, so a later discard would destroy live guest data,
+//! and "no promise" would not make that safe. Holding the descriptor is the only honest
+//! way: the guest cannot reuse reported pages (or deflate inflated ones, spec: "MUST NOT
+//! request deflation … before the device has acknowledged the inflate request") until the
+//! device uses the buffer, and by then the discard has happened and its promise is exact.
+//! The cost is that the guest's reporting / balloon worker waits up to the delay, and at
+//! most a queue's worth of requests can be held.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use zeronce_mem::vm::{self, GuestDiscardError};
+use zeronce_mem::{Backing, DiscardOp};
+
+/// When and how the device discards memory it is given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DiscardPolicy {
+    /// Discard before using the descriptor (default).
+    #[default]
+    Immediate,
+    /// Hold the descriptor, discard after `delay` from [`crate::BalloonDevice::tick`],
+    /// then use the descriptor with the verdict.
+    Held {
+        /// How long to hold.
+        delay: Duration,
+    },
+    /// `MADV_FREE` where the backing allows it; never promises zero.
+    Lazy,
+}
+
+impl DiscardPolicy {
+    /// The op this policy uses on `backing`.
+    pub fn op_for(self, backing: Backing) -> DiscardOp {
+        match self {
+            DiscardPolicy::Lazy if DiscardOp::Free.supported_on(backing) => DiscardOp::Free,
+            _ => DiscardOp::best_for(backing),
+        }
+    }
+
+    /// Whether a successful discard of `backing` under this policy reads zero afterwards.
+    pub fn promises_zero(self, backing: Backing) -> bool {
+        self != DiscardPolicy::Lazy && self.op_for(backing).guarantees_zero(backing)
+    }
+}
+
+/// The effects of discarding guest memory, as the device needs them. Implemented for
+/// real guest memory by [`MmapDiscarder`], and by a recording mock for tests.
+pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
+    /// The backing of the region starting at `region_start`.
+    fn backing(&mut self, mem: &M, region_start: GuestAddress)
+        -> Result<Backing, GuestDiscardError>;
+
+    /// Discards `[gpa, gpa + len)` (inside one region, aligned to `backing`'s page size).
+    fn discard(
+        &mut self,
+        mem: &M,
+        gpa: GuestAddress,
+        len: u64,
+        op: DiscardOp,
+        backing: Backing,
+    ) -> Result<(), GuestDiscardError>;
+
+    /// Pre-faults `[gpa, gpa + len)` after a deflate (only called when configured).
+    fn prefault(&mut self, _mem: &M, _gpa: GuestAddress, _len: u64) -> Result<(), GuestDiscardError> {
+        Ok(())
+    }
+}
+
+/// The real discarder for [`GuestMemoryMmap`] memory: derives each region's backing from
+/// vm-memory (cached per region) and discards through `zeronce_mem::vm`.
+#[derive(Debug, Default)]
+pub struct MmapDiscarder {
+    hugetlb_page_size: Option<usize>,
+    cache: HashMap<u64, Backing>,
+}
+
+impl MmapDiscarder {
+    /// A discarder detecting backings itself (hugetlbfs page size from the file).
+    pub fn new() -> MmapDiscarder {
+        MmapDiscarder::default()
+    }
+
+    /// A discarder treating every file-backed region as hugetlb with `page_size` pages.
+    pub fn with_hugetlb_page_size(page_size: usize) -> MmapDiscarder {
+        MmapDiscarder {
+            hugetlb_page_size: Some(page_size),
+            cache: HashMap::new(),
+        }
+    }
+
+    /// Forgets cached backings (call after the VMM changes the memory map).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+}
+
+impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
+    fn backing(
+        &mut self,
+        mem: &GuestMemoryMmap<B>,
+        region_start: GuestAddress,
+    ) -> Result<Backing, GuestDiscardError> {
+        if let Some(b) = self.cache.get(&region_start.0) {
+            return Ok(*b);
+        }
+        let info = vm::describe_region(mem, region_start, self.hugetlb_page_size)?;
+        self.cache.insert(region_start.0, info.backing);
+        Ok(info.backing)
+    }
+
+    fn discard(
+        &mut self,
+        mem: &GuestMemoryMmap<B>,
+        gpa: GuestAddress,
+        len: u64,
+        op: DiscardOp,
+        backing: Backing,
+    ) -> Result<(), GuestDiscardError> {
+        vm::discard_guest_range(mem, gpa, len, op, backing)
+    }
+
+    fn prefault(
+        &mut self,
+        mem: &GuestMemoryMmap<B>,
+        gpa: GuestAddress,
+        len: u64,
+    ) -> Result<(), GuestDiscardError> {
+        vm::populate_guest_range(mem, gpa, len)
+    }
+}
+
+/// One planned discard of a validated guest range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedDiscard {
+    /// Start (aligned to the backing's page size).
+    pub gpa: GuestAddress,
+    /// Length (multiple of the backing's page size).
+    pub len: u64,
+    /// The region's backing.
+    pub backing: Backing,
+    /// Inflate bitmap bits (PFN positions in the request) covered by this range.
+    pub bits: Vec<u32>,
+}
+
+/// What a plan's successful ranges yield.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanResult {
+    /// Bytes discarded successfully.
+    pub bytes: u64,
+    /// Whether every range was discarded with a zero guarantee.
+    pub all_zero: bool,
+    /// Bitmap bits of ranges discarded with a zero guarantee.
+    pub zero_bits: Vec<u32>,
+    /// Discards that failed.
+    pub errors: u64,
+}
+
+/// Runs `plan` with `policy`'s op through `discarder`. `promise` = whether zero promises
+/// may be made at all (bits 6/7 in effect, not poisoned, not confidential).
+pub fn execute<M, D>(
+    plan: &[PlannedDiscard],
+    policy: DiscardPolicy,
+    promise: bool,
+    mem: &M,
+    discarder: &mut D,
+) -> PlanResult
+where
+    M: GuestMemoryBackend + ?Sized,
+    D: Discarder<M> + ?Sized,
+{
+    let mut r = PlanResult {
+        all_zero: promise,
+        ..PlanResult::default()
+    };
+    for p in plan {
+        let op = policy.op_for(p.backing);
+        match discarder.discard(mem, p.gpa, p.len, op, p.backing) {
+            Ok(()) => {
+                r.bytes += p.len;
+                if promise && policy.promises_zero(p.backing) {
+                    r.zero_bits.extend_from_slice(&p.bits);
+                } else {
+                    r.all_zero = false;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(gpa = p.gpa.0, len = p.len, %op, error = %e, "discard failed");
+                r.errors += 1;
+                r.all_zero = false;
+            }
+        }
+    }
+    r
+}
+
+/// The deadline for a request held under `policy` at `now` (`None`: not held).
+pub fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
+    match policy {
+        DiscardPolicy::Held { delay } => Some(now + delay),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HUGE: Backing = Backing::Hugetlb { page_size: 2 << 20 };
+
+    #[test]
+    fn lazy_never_promises_and_uses_free_where_possible() {
+        let lazy = DiscardPolicy::Lazy;
+        assert_eq!(lazy.op_for(Backing::PrivateAnonymous), DiscardOp::Free);
+        assert_eq!(lazy.op_for(Backing::SharedFile), DiscardOp::PunchHole);
+        for b in [Backing::PrivateAnonymous, Backing::SharedFile, HUGE] {
+            assert!(!lazy.promises_zero(b));
+            assert!(DiscardPolicy::Immediate.promises_zero(b));
+            let held = DiscardPolicy::Held {
+                delay: Duration::from_secs(1),
+            };
+            assert!(held.promises_zero(b));
+        }
+    }
+
+    #[test]
+    fn hold_deadline_only_for_held() {
+        let now = Instant::now();
+        let d = Duration::from_millis(5);
+        assert_eq!(hold_deadline(DiscardPolicy::Held { delay: d }, now), Some(now + d));
+        assert_eq!(hold_deadline(DiscardPolicy::Immediate, now), None);
+        assert_eq!(hold_deadline(DiscardPolicy::Lazy, now), None);
+    }
+}

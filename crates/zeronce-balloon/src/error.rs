@@ -1,0 +1,297 @@
+//! Typed errors. Every class of hostile or malformed guest input has a [`BalloonError`]
+//! variant, a [`MalformedKind`] (which indexes a metrics counter) and a test.
+
+use vm_memory::GuestAddress;
+
+use crate::features::QueueKind;
+
+/// The classes of malformed or hostile guest input, one counter each in
+/// [`crate::metrics::BalloonMetrics`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MalformedKind {
+    /// A PFN or buffer outside guest RAM or in a hole between regions.
+    OutOfGuestMemory = 0,
+    /// An address + length that overflows 64 bits.
+    AddressOverflow,
+    /// A zero-length buffer.
+    EmptyBuffer,
+    /// A buffer larger than the device accepts.
+    BufferTooLarge,
+    /// A device-readable descriptor where a writable one is required, or vice versa.
+    WrongDirection,
+    /// A descriptor chain that is too long, loops, or points past the table.
+    BadChain,
+    /// An inflate bitmap shorter than `ceil(n / 8)` bytes.
+    BitmapTooShort,
+    /// A PFN array whose length is not a multiple of 4 bytes.
+    PfnArrayLength,
+    /// A reporting buffer not aligned to its backing's page size.
+    Misaligned,
+    /// A buffer spanning two memory regions (or a region and a hole).
+    CrossesRegion,
+    /// A statistics buffer whose length is not a multiple of 10 bytes.
+    StatsLength,
+    /// A second statistics buffer while one is held.
+    StatsOverflow,
+    /// A configuration access outside the 16-byte config space.
+    ConfigOutOfRange,
+    /// A configuration write to a field the driver may not write.
+    ConfigReadOnly,
+    /// A queue notification before DRIVER_OK / features / queue ready.
+    NotReady,
+    /// A notification for a queue index that does not exist in the negotiated layout.
+    UnknownQueue,
+    /// The driver acked a feature the device did not offer.
+    UnofferedFeature,
+}
+
+impl MalformedKind {
+    /// Number of kinds (size of the counter array).
+    pub const COUNT: usize = 17;
+
+    /// Every kind, in counter order.
+    pub const ALL: [MalformedKind; MalformedKind::COUNT] = [
+        MalformedKind::OutOfGuestMemory,
+        MalformedKind::AddressOverflow,
+        MalformedKind::EmptyBuffer,
+        MalformedKind::BufferTooLarge,
+        MalformedKind::WrongDirection,
+        MalformedKind::BadChain,
+        MalformedKind::BitmapTooShort,
+        MalformedKind::PfnArrayLength,
+        MalformedKind::Misaligned,
+        MalformedKind::CrossesRegion,
+        MalformedKind::StatsLength,
+        MalformedKind::StatsOverflow,
+        MalformedKind::ConfigOutOfRange,
+        MalformedKind::ConfigReadOnly,
+        MalformedKind::NotReady,
+        MalformedKind::UnknownQueue,
+        MalformedKind::UnofferedFeature,
+    ];
+
+    /// Index of this kind's counter.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why the device did not readiness-check a notification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotReadyReason {
+    /// Features were not negotiated (FEATURES_OK not reached).
+    FeaturesNotNegotiated,
+    /// DRIVER_OK was not set (the device is not activated).
+    DriverNotOk,
+    /// The queue was not set ready by the driver, or is invalid.
+    QueueNotReady,
+}
+
+/// An error from the balloon device. Guest-caused variants map to a [`MalformedKind`];
+/// the device logs them, counts them, returns the descriptor where one exists and keeps
+/// serving.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BalloonError {
+    /// A guest address range outside guest RAM (or in a hole).
+    #[error("{queue:?}: range {gpa:#x}+{len:#x} is not in guest memory")]
+    OutOfGuestMemory {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Guest physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// An address + length overflowing 64 bits.
+    #[error("{queue:?}: range {gpa:#x}+{len:#x} overflows")]
+    AddressOverflow {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Guest physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// A zero-length buffer.
+    #[error("{queue:?}: empty buffer")]
+    EmptyBuffer {
+        /// Queue the request came from.
+        queue: QueueKind,
+    },
+    /// A buffer over the device's limit.
+    #[error("{queue:?}: buffer of {len} bytes exceeds the limit of {max}")]
+    BufferTooLarge {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Claimed length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A descriptor of the wrong direction.
+    #[error("{queue:?}: descriptor {index} must be device-{}", if *.want_writable { "writable" } else { "readable" })]
+    WrongDirection {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Position of the descriptor in its chain.
+        index: usize,
+        /// Whether a device-writable descriptor was required.
+        want_writable: bool,
+    },
+    /// A chain that is too long, loops, or is cut short by a bad `next`.
+    #[error("{queue:?}: descriptor chain is too long, loops or is broken (after {seen})")]
+    BadChain {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Descriptors followed before giving up.
+        seen: usize,
+    },
+    /// An inflate bitmap too short for the PFN count.
+    #[error("inflate bitmap has {have} bytes, {need} needed")]
+    BitmapTooShort {
+        /// Bytes supplied.
+        have: u64,
+        /// Bytes needed (`ceil(n / 8)`).
+        need: u64,
+    },
+    /// A PFN array length that is not a multiple of 4.
+    #[error("{queue:?}: PFN array of {len} bytes is not a multiple of 4")]
+    PfnArrayLength {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// A reporting buffer not aligned to the backing's page size.
+    #[error("report {gpa:#x}+{len:#x} is not aligned to {page_size:#x}")]
+    Misaligned {
+        /// Guest physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+        /// The backing's page size.
+        page_size: u64,
+    },
+    /// A buffer spanning more than one region.
+    #[error("{queue:?}: range {gpa:#x}+{len:#x} crosses a memory region boundary")]
+    CrossesRegion {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Guest physical address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// A statistics buffer whose length is not a multiple of 10.
+    #[error("stats buffer of {len} bytes is not a multiple of 10")]
+    StatsLength {
+        /// Length in bytes.
+        len: u64,
+    },
+    /// A statistics buffer arrived while another was held.
+    #[error("stats buffer posted while one is already held")]
+    StatsOverflow,
+    /// A config access outside the config space.
+    #[error("config access at {offset}+{len} is outside the {size}-byte config space")]
+    ConfigOutOfRange {
+        /// Byte offset.
+        offset: u64,
+        /// Access length.
+        len: usize,
+        /// Config space size.
+        size: u64,
+    },
+    /// A config write touching a device-owned field.
+    #[error("config write at {offset}+{len} touches a read-only field")]
+    ConfigReadOnly {
+        /// Byte offset.
+        offset: u64,
+        /// Access length.
+        len: usize,
+    },
+    /// A notification before the device or queue is ready.
+    #[error("notification for queue {index} before ready: {reason:?}")]
+    NotReady {
+        /// Queue index notified.
+        index: u16,
+        /// What was missing.
+        reason: NotReadyReason,
+    },
+    /// A notification for a queue that does not exist.
+    #[error("notification for queue {index}, which the negotiated layout does not have")]
+    UnknownQueue {
+        /// Queue index notified.
+        index: u16,
+    },
+    /// The driver acked features the device did not offer (they are dropped).
+    #[error("driver acked unoffered features {bits:#x}")]
+    UnofferedFeature {
+        /// The unoffered bits.
+        bits: u64,
+    },
+    /// The virtqueue itself could not be accessed (e.g. its rings left guest memory).
+    #[error("virtqueue error: {0}")]
+    Queue(String),
+    /// Activation was given the wrong number of queues.
+    #[error("activate: {given} queues given, negotiated layout needs {needed}")]
+    QueueCount {
+        /// Queues given.
+        given: usize,
+        /// Queues needed.
+        needed: usize,
+    },
+}
+
+impl BalloonError {
+    /// The malformed-input class of this error, or `None` for VMM-side errors.
+    pub fn kind(&self) -> Option<MalformedKind> {
+        use BalloonError as E;
+        use MalformedKind as K;
+        Some(match self {
+            E::OutOfGuestMemory { .. } => K::OutOfGuestMemory,
+            E::AddressOverflow { .. } => K::AddressOverflow,
+            E::EmptyBuffer { .. } => K::EmptyBuffer,
+            E::BufferTooLarge { .. } => K::BufferTooLarge,
+            E::WrongDirection { .. } => K::WrongDirection,
+            E::BadChain { .. } => K::BadChain,
+            E::BitmapTooShort { .. } => K::BitmapTooShort,
+            E::PfnArrayLength { .. } => K::PfnArrayLength,
+            E::Misaligned { .. } => K::Misaligned,
+            E::CrossesRegion { .. } => K::CrossesRegion,
+            E::StatsLength { .. } => K::StatsLength,
+            E::StatsOverflow => K::StatsOverflow,
+            E::ConfigOutOfRange { .. } => K::ConfigOutOfRange,
+            E::ConfigReadOnly { .. } => K::ConfigReadOnly,
+            E::NotReady { .. } => K::NotReady,
+            E::UnknownQueue { .. } => K::UnknownQueue,
+            E::UnofferedFeature { .. } => K::UnofferedFeature,
+            E::Queue(_) | E::QueueCount { .. } => return None,
+        })
+    }
+}
+
+/// Checked `gpa + len`, as the error a queue handler reports.
+pub(crate) fn checked_end(queue: QueueKind, gpa: GuestAddress, len: u64) -> Result<u64, BalloonError> {
+    gpa.0
+        .checked_add(len)
+        .ok_or(BalloonError::AddressOverflow {
+            queue,
+            gpa: gpa.0,
+            len,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_index_their_counters_densely() {
+        for (i, k) in MalformedKind::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i);
+        }
+        assert_eq!(BalloonError::StatsOverflow.kind(), Some(MalformedKind::StatsOverflow));
+        assert_eq!(BalloonError::Queue("x".into()).kind(), None);
+    }
+}

@@ -1,0 +1,87 @@
+//! Device metrics: lock-free counters the VMM can read from any thread
+//! (`Arc<BalloonMetrics>` from [`crate::BalloonDevice::metrics`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::MalformedKind;
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds one.
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Counters of everything the device does.
+#[derive(Debug, Default)]
+pub struct BalloonMetrics {
+    /// 4 KiB pages received on the inflate queue.
+    pub pages_inflated: Counter,
+    /// 4 KiB pages received on the deflate queue.
+    pub pages_deflated: Counter,
+    /// 4 KiB pages received on the reporting queue.
+    pub pages_reported: Counter,
+    /// Bytes handed to a discard operation that succeeded.
+    pub bytes_discarded: Counter,
+    /// Zero promises made: inflate bitmap bits set + reporting buffers answered with
+    /// their full length under bit 6.
+    pub zero_promises: Counter,
+    /// Discard operations that failed (the guest gets no promise).
+    pub discard_errors: Counter,
+    /// Reporting buffers not discarded because PAGE_POISON with a nonzero `poison_val`
+    /// is in effect (discarding would replace the poison with zeros).
+    pub reports_skipped_poison: Counter,
+    /// Statistics buffers parsed.
+    pub stats_updates: Counter,
+    /// Configuration-change notifications sent.
+    pub config_changes: Counter,
+    malformed: [Counter; MalformedKind::COUNT],
+}
+
+impl BalloonMetrics {
+    /// Counts one malformed request of `kind`.
+    pub fn malformed(&self, kind: MalformedKind) {
+        self.malformed[kind.index()].inc();
+    }
+
+    /// Malformed requests of `kind` so far.
+    pub fn malformed_count(&self, kind: MalformedKind) -> u64 {
+        self.malformed[kind.index()].get()
+    }
+
+    /// Malformed requests of all kinds so far.
+    pub fn malformed_total(&self) -> u64 {
+        self.malformed.iter().map(Counter::get).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_counters_are_per_kind() {
+        let m = BalloonMetrics::default();
+        m.malformed(MalformedKind::BadChain);
+        m.malformed(MalformedKind::BadChain);
+        m.malformed(MalformedKind::Misaligned);
+        assert_eq!(m.malformed_count(MalformedKind::BadChain), 2);
+        assert_eq!(m.malformed_count(MalformedKind::Misaligned), 1);
+        assert_eq!(m.malformed_count(MalformedKind::NotReady), 0);
+        assert_eq!(m.malformed_total(), 3);
+    }
+}

@@ -1,0 +1,107 @@
+//! A recording [`Discarder`] for tests, fuzzing and examples: no system calls; it records
+//! every call, can pretend regions have any backing, can fail on request, and emulates
+//! the zeroing of ops that guarantee zero by writing zeros through vm-memory.
+
+use std::collections::{HashMap, HashSet};
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use zeronce_mem::vm::GuestDiscardError;
+use zeronce_mem::{Backing, DiscardError, DiscardOp};
+
+use crate::discard::Discarder;
+
+/// One recorded discard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiscardCall {
+    /// Start.
+    pub gpa: GuestAddress,
+    /// Length.
+    pub len: u64,
+    /// The op.
+    pub op: DiscardOp,
+    /// The backing it was told.
+    pub backing: Backing,
+}
+
+/// A [`Discarder`] that records calls (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct RecordingDiscarder {
+    /// Backing to report per region start; regions not listed are private anonymous.
+    pub backings: HashMap<u64, Backing>,
+    /// Discards starting at one of these addresses fail with an OS error.
+    pub fail_at: HashSet<u64>,
+    /// Whether to write zeros over ranges whose op guarantees zero (emulating the kernel).
+    pub emulate_zeroing: bool,
+    /// Every successful or failed discard, in order.
+    pub calls: Vec<DiscardCall>,
+    /// Every prefault, in order.
+    pub prefaults: Vec<(GuestAddress, u64)>,
+}
+
+impl RecordingDiscarder {
+    /// A recorder that also emulates zeroing.
+    pub fn zeroing() -> RecordingDiscarder {
+        RecordingDiscarder {
+            emulate_zeroing: true,
+            ..RecordingDiscarder::default()
+        }
+    }
+
+    /// Total bytes in recorded calls.
+    pub fn bytes(&self) -> u64 {
+        self.calls.iter().map(|c| c.len).sum()
+    }
+}
+
+impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
+    fn backing(&mut self, _mem: &M, region_start: GuestAddress) -> Result<Backing, GuestDiscardError> {
+        Ok(self
+            .backings
+            .get(&region_start.0)
+            .copied()
+            .unwrap_or(Backing::PrivateAnonymous))
+    }
+
+    fn discard(
+        &mut self,
+        mem: &M,
+        gpa: GuestAddress,
+        len: u64,
+        op: DiscardOp,
+        backing: Backing,
+    ) -> Result<(), GuestDiscardError> {
+        self.calls.push(DiscardCall {
+            gpa,
+            len,
+            op,
+            backing,
+        });
+        if self.fail_at.contains(&gpa.0) {
+            return Err(GuestDiscardError::Discard(DiscardError::Os {
+                op,
+                errno: rustix::io::Errno::IO,
+            }));
+        }
+        // The device must never hand a discarder a range outside guest RAM.
+        assert!(
+            mem.check_range(gpa, len as usize),
+            "device asked to discard {gpa:?}+{len:#x} outside guest memory"
+        );
+        if self.emulate_zeroing && op.guarantees_zero(backing) {
+            let zeros = vec![0u8; 64 * 1024];
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(zeros.len() as u64);
+                mem.write_slice(&zeros[..n as usize], GuestAddress(gpa.0 + done))
+                    .map_err(|_| GuestDiscardError::NotInGuestMemory { gpa: gpa.0, len })?;
+                done += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn prefault(&mut self, _mem: &M, gpa: GuestAddress, len: u64) -> Result<(), GuestDiscardError> {
+        self.prefaults.push((gpa, len));
+        Ok(())
+    }
+}

@@ -1,0 +1,306 @@
+//! inflateq / deflateq: le32 PFN arrays (4 KiB units), and with bit 7 a trailing
+//! device-writable bitmap (bit N = Nth PFN now guaranteed zero).
+//!
+//! Host pages larger than 4 KiB (hugetlb) are discarded only when every 4 KiB PFN of
+//! them has been inflated; partial host pages are remembered in [`PartialPages`] until
+//! the rest arrives (or forgotten when a PFN of them is deflated).
+
+use std::collections::HashMap;
+
+use vm_memory::{GuestAddress, GuestMemoryBackend};
+use zeronce_mem::Backing;
+
+use super::{read_all, region_range, split_readable_writable, Desc};
+use crate::discard::{Discarder, PlannedDiscard};
+use crate::error::BalloonError;
+use crate::features::QueueKind;
+use crate::spec::limits::MAX_PFNS_PER_REQUEST;
+use crate::spec::{PFN_PAGE_SIZE, PFN_SHIFT};
+
+/// A guest page frame number in 4 KiB units (the balloon's PFN unit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pfn4k(pub u32);
+
+impl Pfn4k {
+    /// The guest physical address of the frame.
+    pub fn gpa(self) -> GuestAddress {
+        GuestAddress(u64::from(self.0) << PFN_SHIFT)
+    }
+}
+
+/// A parsed inflate or deflate request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PfnRequest {
+    /// The PFNs, in request order (bitmap bit N = `pfns[N]`).
+    pub pfns: Vec<Pfn4k>,
+    /// The device-writable bitmap (address, length), when bit 7 is negotiated.
+    pub bitmap: Option<(GuestAddress, u32)>,
+}
+
+impl PfnRequest {
+    /// Bitmap bytes the device writes: `ceil(n / 8)` (the `used_len` under bit 7).
+    pub fn bitmap_len(&self) -> u32 {
+        self.pfns.len().div_ceil(8) as u32
+    }
+}
+
+/// Parses an inflate (`want_bitmap` = bit 7 negotiated) or deflate request.
+pub fn parse<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    queue: QueueKind,
+    descs: &[Desc],
+    want_bitmap: bool,
+) -> Result<PfnRequest, BalloonError> {
+    let (readable, writable) = split_readable_writable(queue, descs)?;
+    if readable.is_empty() {
+        return Err(BalloonError::WrongDirection {
+            queue,
+            index: 0,
+            want_writable: false,
+        });
+    }
+    let len: u64 = readable.iter().map(|d| u64::from(d.len)).sum();
+    let max = (MAX_PFNS_PER_REQUEST * 4) as u64;
+    if len == 0 {
+        return Err(BalloonError::EmptyBuffer { queue });
+    }
+    if len > max {
+        return Err(BalloonError::BufferTooLarge { queue, len, max });
+    }
+    if len % 4 != 0 {
+        return Err(BalloonError::PfnArrayLength { queue, len });
+    }
+    let bytes = read_all(mem, queue, readable)?;
+    let pfns: Vec<Pfn4k> = bytes
+        .chunks_exact(4)
+        .map(|c| Pfn4k(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+        .collect();
+    let need = pfns.len().div_ceil(8) as u64;
+    let bitmap = match (want_bitmap, writable) {
+        (false, []) => None,
+        (false, _) => {
+            return Err(BalloonError::WrongDirection {
+                queue,
+                index: readable.len(),
+                want_writable: false,
+            })
+        }
+        (true, [d]) if u64::from(d.len) >= need => {
+            region_range(mem, queue, d.addr, need)?;
+            Some((d.addr, d.len))
+        }
+        (true, [d]) => {
+            return Err(BalloonError::BitmapTooShort {
+                have: u64::from(d.len),
+                need,
+            })
+        }
+        (true, []) => return Err(BalloonError::BitmapTooShort { have: 0, need }),
+        (true, _) => {
+            return Err(BalloonError::BadChain {
+                queue,
+                seen: descs.len(),
+            })
+        }
+    };
+    for p in &pfns {
+        region_range(mem, queue, p.gpa(), PFN_PAGE_SIZE)?;
+    }
+    Ok(PfnRequest { pfns, bitmap })
+}
+
+/// Host pages larger than 4 KiB that are only partly in the balloon.
+#[derive(Clone, Debug, Default)]
+pub struct PartialPages {
+    pages: HashMap<u64, Vec<u64>>,
+}
+
+impl PartialPages {
+    /// Marks 4 KiB page `gpa` of the host page at `base` (of `page_size` bytes) as
+    /// inflated; returns true when the host page is now complete (and forgets it).
+    pub fn add(&mut self, base: u64, page_size: u64, gpa: u64) -> bool {
+        let subpages = (page_size / PFN_PAGE_SIZE) as usize;
+        let words = self
+            .pages
+            .entry(base)
+            .or_insert_with(|| vec![0; subpages.div_ceil(64)]);
+        let i = ((gpa - base) / PFN_PAGE_SIZE) as usize;
+        words[i / 64] |= 1 << (i % 64);
+        let full = (0..subpages).all(|i| words[i / 64] & (1 << (i % 64)) != 0);
+        if full {
+            self.pages.remove(&base);
+        }
+        full
+    }
+
+    /// Forgets 4 KiB page `gpa` (deflated) from whichever partial host page holds it.
+    pub fn remove(&mut self, gpa: u64) {
+        let mut emptied = None;
+        for (base, words) in self.pages.iter_mut() {
+            let subpages = words.len() as u64 * 64 * PFN_PAGE_SIZE;
+            if (*base..*base + subpages).contains(&gpa) {
+                let i = ((gpa - base) / PFN_PAGE_SIZE) as usize;
+                words[i / 64] &= !(1 << (i % 64));
+                if words.iter().all(|w| *w == 0) {
+                    emptied = Some(*base);
+                }
+            }
+        }
+        if let Some(b) = emptied {
+            self.pages.remove(&b);
+        }
+    }
+
+    /// Number of partial host pages remembered.
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Forgets everything (device reset).
+    pub fn clear(&mut self) {
+        self.pages.clear();
+    }
+}
+
+/// Plans the discards for validated inflate PFNs: 4 KiB backings as merged runs,
+/// larger host pages only when complete. Regions whose backing cannot be determined are
+/// skipped (counted by the caller through the returned count).
+pub fn plan<M, D>(
+    mem: &M,
+    discarder: &mut D,
+    partial: &mut PartialPages,
+    pfns: &[Pfn4k],
+) -> (Vec<PlannedDiscard>, u64)
+where
+    M: GuestMemoryBackend + ?Sized,
+    D: Discarder<M> + ?Sized,
+{
+    let mut small: Vec<(u64, u32, Backing)> = Vec::new();
+    let mut huge: HashMap<u64, (u64, Backing, Vec<u32>)> = HashMap::new();
+    let mut complete = Vec::new();
+    let mut backing_errors = 0;
+    for (bit, pfn) in pfns.iter().enumerate() {
+        let gpa = pfn.gpa();
+        let Ok(r) = region_range(mem, QueueKind::Inflate, gpa, PFN_PAGE_SIZE) else {
+            continue; // validated by `parse`; unreachable in practice
+        };
+        let backing = match discarder.backing(mem, r.region_start) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(gpa = gpa.0, error = %e, "cannot determine backing");
+                backing_errors += 1;
+                continue;
+            }
+        };
+        let ps = backing.page_size() as u64;
+        if ps <= PFN_PAGE_SIZE {
+            small.push((gpa.0, bit as u32, backing));
+            continue;
+        }
+        let base = r.region_start.0 + (gpa.0 - r.region_start.0) / ps * ps;
+        if base + ps > r.region_start.0 + r.region_len {
+            continue; // tail of a region smaller than a host page: never discardable
+        }
+        huge.entry(base)
+            .or_insert_with(|| (ps, backing, Vec::new()))
+            .2
+            .push(bit as u32);
+        if partial.add(base, ps, gpa.0) {
+            complete.push(base);
+        }
+    }
+    small.sort_unstable_by_key(|(gpa, bit, _)| (*gpa, *bit));
+    let mut out: Vec<PlannedDiscard> = Vec::new();
+    for (gpa, bit, backing) in small {
+        match out.last_mut() {
+            Some(p) if p.backing == backing && gpa >= p.gpa.0 && gpa <= p.gpa.0 + p.len => {
+                p.len = p.len.max(gpa + PFN_PAGE_SIZE - p.gpa.0);
+                p.bits.push(bit);
+            }
+            _ => out.push(PlannedDiscard {
+                gpa: GuestAddress(gpa),
+                len: PFN_PAGE_SIZE,
+                backing,
+                bits: vec![bit],
+            }),
+        }
+    }
+    complete.sort_unstable();
+    complete.dedup();
+    for base in complete {
+        let (ps, backing, bits) = huge.remove(&base).expect("completed page was seen");
+        out.push(PlannedDiscard {
+            gpa: GuestAddress(base),
+            len: ps,
+            backing,
+            bits,
+        });
+    }
+    (out, backing_errors)
+}
+
+/// Writes the inflate bitmap: clears `len` bytes at `addr`, then sets `bits`.
+pub fn bitmap_bytes(n_pfns: usize, zero_bits: &[u32]) -> Vec<u8> {
+    let mut bytes = vec![0u8; n_pfns.div_ceil(8)];
+    for b in zero_bits {
+        bytes[*b as usize / 8] |= 1 << (b % 8);
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::RecordingDiscarder;
+    use vm_memory::GuestMemoryMmap;
+
+    const MB2: u64 = 2 << 20;
+
+    #[test]
+    fn small_pages_merge_into_runs_keeping_every_bit() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let mut d = RecordingDiscarder::default();
+        let mut partial = PartialPages::default();
+        let pfns = [Pfn4k(5), Pfn4k(3), Pfn4k(4), Pfn4k(4), Pfn4k(9)];
+        let (plan, errs) = plan(&mem, &mut d, &mut partial, &pfns);
+        assert_eq!(errs, 0);
+        assert_eq!(plan.len(), 2);
+        assert_eq!((plan[0].gpa, plan[0].len), (GuestAddress(0x3000), 0x3000));
+        let mut bits = plan[0].bits.clone();
+        bits.sort();
+        assert_eq!(bits, vec![0, 1, 2, 3]);
+        assert_eq!((plan[1].gpa, plan[1].bits.clone()), (GuestAddress(0x9000), vec![4]));
+    }
+
+    #[test]
+    fn huge_pages_discard_only_when_complete_across_requests() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 * MB2 as usize)]).unwrap();
+        let mut d = RecordingDiscarder::default();
+        d.backings.insert(0, Backing::Hugetlb { page_size: MB2 as usize });
+        let mut partial = PartialPages::default();
+        let first: Vec<Pfn4k> = (0..256).map(Pfn4k).collect();
+        let (p, _) = plan(&mem, &mut d, &mut partial, &first);
+        assert!(p.is_empty(), "half a huge page is not discarded");
+        assert_eq!(partial.len(), 1);
+        // A deflated PFN must be re-inflated before the page completes.
+        partial.remove(0x1000);
+        let second: Vec<Pfn4k> = (256..512).map(Pfn4k).collect();
+        assert!(plan(&mem, &mut d, &mut partial, &second).0.is_empty());
+        let (p, _) = plan(&mem, &mut d, &mut partial, &[Pfn4k(1)]);
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].gpa, p[0].len, p[0].bits.clone()), (GuestAddress(0), MB2, vec![0]));
+        assert!(partial.is_empty());
+    }
+
+    #[test]
+    fn bitmap_sets_only_given_bits() {
+        assert_eq!(bitmap_bytes(9, &[0, 8]), vec![1, 1]);
+        assert_eq!(bitmap_bytes(0, &[]), Vec::<u8>::new());
+        assert_eq!(bitmap_bytes(8, &[7]), vec![0x80]);
+    }
+}

@@ -1,0 +1,144 @@
+//! Queue handlers: pure parsing and planning of guest requests, one module per queue.
+//! Nothing here performs a discard; the device executes the plans.
+
+pub mod inflate;
+pub mod reporting;
+pub mod stats;
+
+use std::ops::Deref;
+
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::error::{checked_end, BalloonError};
+use crate::features::QueueKind;
+use crate::spec::limits::MAX_CHAIN_DESCRIPTORS;
+
+/// One descriptor of a chain, as the handlers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Desc {
+    /// Guest physical address of the buffer.
+    pub addr: GuestAddress,
+    /// Length in bytes.
+    pub len: u32,
+    /// Whether the device may write it.
+    pub writable: bool,
+}
+
+/// Collects the descriptors of `chain`, refusing chains longer than
+/// [`MAX_CHAIN_DESCRIPTORS`] and chains that loop or end in a bad `next` (virtio-queue
+/// stops iterating at its time-to-live or an out-of-table index; the last descriptor
+/// still saying "next" gives that away).
+pub fn collect_chain<M>(chain: DescriptorChain<M>, queue: QueueKind) -> Result<Vec<Desc>, BalloonError>
+where
+    M: Deref,
+    M::Target: GuestMemory,
+{
+    let mut descs = Vec::new();
+    let mut last_has_next = false;
+    for d in chain {
+        if descs.len() == MAX_CHAIN_DESCRIPTORS {
+            return Err(BalloonError::BadChain {
+                queue,
+                seen: descs.len() + 1,
+            });
+        }
+        last_has_next = d.has_next();
+        descs.push(Desc {
+            addr: d.addr(),
+            len: d.len(),
+            writable: d.is_write_only(),
+        });
+    }
+    if last_has_next || descs.is_empty() {
+        return Err(BalloonError::BadChain {
+            queue,
+            seen: descs.len(),
+        });
+    }
+    Ok(descs)
+}
+
+/// A validated guest range inside one region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionRange {
+    /// Start of the range.
+    pub gpa: GuestAddress,
+    /// Length (> 0).
+    pub len: u64,
+    /// Start of the region holding it.
+    pub region_start: GuestAddress,
+    /// Length of that region.
+    pub region_len: u64,
+}
+
+/// Checks `[gpa, gpa + len)` is non-empty, does not overflow and lies in one region.
+pub fn region_range<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    queue: QueueKind,
+    gpa: GuestAddress,
+    len: u64,
+) -> Result<RegionRange, BalloonError> {
+    if len == 0 {
+        return Err(BalloonError::EmptyBuffer { queue });
+    }
+    let end = checked_end(queue, gpa, len)?;
+    let region = mem.find_region(gpa).ok_or(BalloonError::OutOfGuestMemory {
+        queue,
+        gpa: gpa.0,
+        len,
+    })?;
+    let region_start = region.start_addr();
+    if end > region_start.0 + region.len() {
+        return Err(BalloonError::CrossesRegion {
+            queue,
+            gpa: gpa.0,
+            len,
+        });
+    }
+    Ok(RegionRange {
+        gpa,
+        len,
+        region_start,
+        region_len: region.len(),
+    })
+}
+
+/// Reads the device-readable descriptors `descs` into one byte vector (the caller has
+/// bounded their total length).
+pub fn read_all<M: GuestMemory + ?Sized>(
+    mem: &M,
+    queue: QueueKind,
+    descs: &[Desc],
+) -> Result<Vec<u8>, BalloonError> {
+    let total: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
+    let mut out = vec![0u8; total as usize];
+    let mut at = 0usize;
+    for d in descs {
+        let len = d.len as usize;
+        checked_end(queue, d.addr, len as u64)?;
+        mem.read_slice(&mut out[at..at + len], d.addr)
+            .map_err(|_| BalloonError::OutOfGuestMemory {
+                queue,
+                gpa: d.addr.0,
+                len: len as u64,
+            })?;
+        at += len;
+    }
+    Ok(out)
+}
+
+/// Splits `descs` into the leading device-readable part and the trailing
+/// device-writable part, refusing a readable descriptor after a writable one.
+pub fn split_readable_writable(queue: QueueKind, descs: &[Desc]) -> Result<(&[Desc], &[Desc]), BalloonError> {
+    let n_read = descs.iter().take_while(|d| !d.writable).count();
+    let (r, w) = descs.split_at(n_read);
+    if let Some(i) = w.iter().position(|d| !d.writable) {
+        return Err(BalloonError::WrongDirection {
+            queue,
+            index: n_read + i,
+            want_writable: true,
+        });
+    }
+    Ok((r, w))
+}

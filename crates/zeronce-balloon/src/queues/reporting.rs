@@ -1,0 +1,78 @@
+//! reporting_vq: each device-writable buffer of a chain is one free block to discard.
+//! The spec (and the 000 seed) send one buffer per block; upstream Linux without bit 6
+//! chains up to 32 blocks, so chains of several writable buffers are accepted too. With
+//! bit 6 the chain's `used_len` is its total length only if every block now reads zero.
+
+use vm_memory::GuestMemoryBackend;
+
+use super::{region_range, Desc};
+use crate::discard::{Discarder, PlannedDiscard};
+use crate::error::BalloonError;
+use crate::features::QueueKind;
+use crate::spec::limits::MAX_REPORT_BLOCK;
+
+const Q: QueueKind = QueueKind::Reporting;
+
+/// A validated report: the blocks to discard and the chain's total length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// One planned discard per block.
+    pub blocks: Vec<PlannedDiscard>,
+    /// Sum of the buffer lengths (the `used_len` of a full zero promise).
+    pub total_len: u32,
+}
+
+/// Validates a reporting chain and plans its discards: every buffer device-writable,
+/// non-empty, at most [`MAX_REPORT_BLOCK`], inside one region, aligned to the region's
+/// backing page size. Any violation refuses the whole chain.
+pub fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
+where
+    M: GuestMemoryBackend + ?Sized,
+    D: Discarder<M> + ?Sized,
+{
+    let mut blocks = Vec::with_capacity(descs.len());
+    let mut total: u64 = 0;
+    for (index, d) in descs.iter().enumerate() {
+        if !d.writable {
+            return Err(BalloonError::WrongDirection {
+                queue: Q,
+                index,
+                want_writable: true,
+            });
+        }
+        let len = u64::from(d.len);
+        if len > MAX_REPORT_BLOCK {
+            return Err(BalloonError::BufferTooLarge {
+                queue: Q,
+                len,
+                max: MAX_REPORT_BLOCK,
+            });
+        }
+        let r = region_range(mem, Q, d.addr, len)?;
+        let backing = discarder.backing(mem, r.region_start).map_err(|e| {
+            tracing::warn!(gpa = d.addr.0, error = %e, "cannot determine backing");
+            BalloonError::Queue(format!("backing of region {:#x}: {e}", r.region_start.0))
+        })?;
+        let ps = backing.page_size() as u64;
+        if d.addr.0 % ps != 0 || len % ps != 0 {
+            return Err(BalloonError::Misaligned {
+                gpa: d.addr.0,
+                len,
+                page_size: ps,
+            });
+        }
+        total += len;
+        blocks.push(PlannedDiscard {
+            gpa: d.addr,
+            len,
+            backing,
+            bits: Vec::new(),
+        });
+    }
+    let total_len = u32::try_from(total).map_err(|_| BalloonError::BufferTooLarge {
+        queue: Q,
+        len: total,
+        max: u64::from(u32::MAX),
+    })?;
+    Ok(Report { blocks, total_len })
+}

@@ -1,0 +1,594 @@
+//! Property tests against a deliberately simple reference model: one entry per page
+//! (allocated / free with a state / isolated), plus fake memory that knows which pages hold
+//! non-zero bytes. Random sequences of every operation, good and bad, on 1–3 zones.
+//!
+//! Checked after every step: the manager's invariants; every page's manager view equals the
+//! model (free state per page, exactly, through split and merge); every free block the
+//! manager calls known zero reads zero; counters agree; failed operations changed nothing.
+
+mod common;
+
+use common::FakeZeroer;
+use proptest::prelude::*;
+use std::sync::Arc;
+use zeronce_mm::*;
+
+/// The model's view of one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Page {
+    /// Part of a live allocation.
+    Allocated,
+    /// Free with this state.
+    Free(FreeState),
+    /// Isolated for reporting; the state it had.
+    Isolated(FreeState),
+    /// Not managed (gap between zones).
+    Hole,
+}
+
+/// One random step. Selectors (`u16`) pick among what exists at run time, modulo its count.
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc {
+        order: u8,
+        zeroed: bool,
+        hint: u16,
+        scribble: bool,
+    },
+    Free {
+        pick: u16,
+        known_zero: bool,
+    },
+    DoubleFree {
+        pick: u16,
+    },
+    BadFree {
+        pfn: u16,
+        order: u8,
+    },
+    WrongShape {
+        pick: u16,
+        delta: u8,
+    },
+    Isolate {
+        zone: u8,
+        min_order: u8,
+        max_blocks: u8,
+    },
+    PutBack {
+        pick: u16,
+        verdict: u8,
+        honest: bool,
+    },
+    FreeIsolated {
+        pick: u16,
+    },
+    Mark {
+        start: u16,
+        len: u16,
+        honest: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..7, any::<bool>(), any::<u16>(), any::<bool>())
+            .prop_map(|(order, zeroed, hint, scribble)| Op::Alloc { order, zeroed, hint, scribble }),
+        4 => (any::<u16>(), any::<bool>()).prop_map(|(pick, known_zero)| Op::Free { pick, known_zero }),
+        1 => any::<u16>().prop_map(|pick| Op::DoubleFree { pick }),
+        1 => (any::<u16>(), 0u8..8).prop_map(|(pfn, order)| Op::BadFree { pfn, order }),
+        1 => (any::<u16>(), 1u8..4).prop_map(|(pick, delta)| Op::WrongShape { pick, delta }),
+        2 => (0u8..3, 0u8..6, 1u8..6).prop_map(|(zone, min_order, max_blocks)| Op::Isolate { zone, min_order, max_blocks }),
+        2 => (any::<u16>(), 0u8..3, prop::bool::weighted(0.85))
+            .prop_map(|(pick, verdict, honest)| Op::PutBack { pick, verdict, honest }),
+        1 => any::<u16>().prop_map(|pick| Op::FreeIsolated { pick }),
+        1 => (any::<u16>(), 1u16..64, prop::bool::weighted(0.7))
+            .prop_map(|(start, len, honest)| Op::Mark { start, len, honest }),
+    ]
+}
+
+/// A random configuration: zones as (gap before, pages), max order, initial state.
+#[derive(Clone, Debug)]
+struct Setup {
+    zones: Vec<(u64, u64)>,
+    max_order: u8,
+    initial: FreeState,
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        prop::collection::vec((0u64..9, 1u64..80), 1..=3),
+        0u8..=5,
+        prop::sample::select(FreeState::ALL.to_vec()),
+    )
+        .prop_map(|(zones, max_order, initial)| Setup {
+            zones,
+            max_order,
+            initial,
+        })
+}
+
+/// The harness: manager, fake memory, model, and what the test holds.
+struct World {
+    mm: MemoryManager,
+    mem: FakeZeroer,
+    pages: Vec<Page>,
+    zones: Vec<PageRange>,
+    live: Vec<Block>,
+    freed: Vec<Block>,
+    isolated: Vec<Block>,
+}
+
+impl World {
+    fn new(s: &Setup) -> World {
+        let mut zones = Vec::new();
+        let mut next = 0;
+        for &(gap, len) in &s.zones {
+            zones.push(PageRange::new(Pfn(next + gap), len));
+            next += gap + len;
+        }
+        let mut pages = vec![Page::Hole; next as usize];
+        for z in &zones {
+            for p in z.start.0..z.end().0 {
+                pages[p as usize] = Page::Free(s.initial);
+            }
+        }
+        // Memory claimed zero at start must be zero; otherwise it holds garbage.
+        let mem = FakeZeroer::new(next, !s.initial.known_zero);
+        let mut cfg = MmConfig::new(zones.clone());
+        cfg.max_order = Order::new(s.max_order).unwrap();
+        cfg.reporting_order = cfg.max_order;
+        cfg.verify = true;
+        cfg.initial_state = s.initial;
+        let mm = MemoryManager::new(cfg, Arc::new(mem.clone())).unwrap();
+        World {
+            mm,
+            mem,
+            pages,
+            zones,
+            live: vec![],
+            freed: vec![],
+            isolated: vec![],
+        }
+    }
+
+    fn set(&mut self, block: Block, page: Page) {
+        for p in block.range().start.0..block.range().end().0 {
+            self.pages[p as usize] = page;
+        }
+    }
+
+    /// Model pages of `block`.
+    fn model(&self, block: Block) -> &[Page] {
+        &self.pages[block.pfn.0 as usize..block.range().end().0 as usize]
+    }
+
+    /// After a block went back to the free lists: the block it merged into must consist of
+    /// free pages and have the conjunction of their states; the model adopts that state.
+    fn absorb_merge(&mut self, block: Block) -> Result<(), TestCaseError> {
+        let (merged, state) = self
+            .mm
+            .free_state_of(block.pfn)
+            .ok_or_else(|| fail("freed block not free"))?;
+        prop_assert!(merged.range().contains_range(&block.range()));
+        let mut expect = FreeState::REPORTED_ZERO;
+        for page in self.model(merged) {
+            let Page::Free(s) = page else {
+                return Err(fail("merged with a non-free page"));
+            };
+            expect = expect.merge(*s);
+        }
+        prop_assert_eq!(state, expect, "merge rule violated for {}", merged);
+        self.set(merged, Page::Free(state));
+        Ok(())
+    }
+
+    /// Manager view == model, page by page; known zero is true; counters agree.
+    fn check(&self) -> Result<(), TestCaseError> {
+        self.mm
+            .check_invariants()
+            .map_err(|e| fail(&e.to_string()))?;
+        let (mut free, mut isolated, mut allocated) = (0, 0, 0);
+        for (p, page) in self.pages.iter().enumerate() {
+            let view = self.mm.free_state_of(Pfn(p as u64));
+            match page {
+                Page::Free(s) => {
+                    free += 1;
+                    let (block, state) = view.ok_or_else(|| fail("model-free page not free"))?;
+                    prop_assert_eq!(state, *s, "state of pfn {}", p);
+                    if state.known_zero {
+                        prop_assert!(
+                            self.mem.reads_zero(block.range()),
+                            "{} known zero but dirty",
+                            block
+                        );
+                    }
+                }
+                Page::Hole => prop_assert!(self.mm.zone_of(Pfn(p as u64)).is_none()),
+                Page::Allocated | Page::Isolated(_) => {
+                    prop_assert!(view.is_none(), "pfn {} should not be free", p);
+                    if matches!(page, Page::Allocated) {
+                        allocated += 1;
+                    } else {
+                        isolated += 1;
+                    }
+                }
+            }
+        }
+        let s = self.mm.stats();
+        prop_assert_eq!(
+            (s.free_pages_total(), s.isolated_pages, s.allocated_pages),
+            (free, isolated, allocated)
+        );
+        Ok(())
+    }
+
+    /// Blocks of `order` or above on the free lists of each zone, known zero / dirty.
+    fn available(&self, order: Order) -> Vec<(u64, u64)> {
+        (0..self.zones.len())
+            .map(|z| {
+                let info = self.mm.zone_info(ZoneId(z)).unwrap();
+                info.nr_free[order.index().min(NR_ORDERS)..]
+                    .iter()
+                    .fold((0, 0), |(kz, d), c| {
+                        (
+                            kz + c.zero + c.reported_zero,
+                            d + c.dirty + c.reported_dirty,
+                        )
+                    })
+            })
+            .collect()
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let before = self.mm.stats();
+        match *op {
+            Op::Alloc {
+                order,
+                zeroed,
+                hint,
+                scribble,
+            } => {
+                let order = Order::new(order).unwrap();
+                let avail = if order <= self.mm.config().max_order {
+                    self.available(order)
+                } else {
+                    vec![]
+                };
+                let total = self.pages.len() as u64;
+                let hint = Pfn(u64::from(hint) % total.max(1));
+                match self.mm.alloc(
+                    order,
+                    AllocRequest {
+                        zeroed,
+                        hint: Some(hint),
+                    },
+                ) {
+                    Ok(a) => {
+                        let b = a.block;
+                        prop_assert!(b.is_aligned() && b.order == order);
+                        for page in self.model(b) {
+                            prop_assert_eq!(*page, Page::Free(a.prior), "{} prior state", b);
+                        }
+                        // Zone fallback order, then the state preference inside the zone.
+                        let first = avail.iter().position(|&(kz, d)| kz + d > 0).unwrap();
+                        prop_assert_eq!(a.zone, ZoneId(first));
+                        let (kz, d) = avail[first];
+                        prop_assert_eq!(a.prior.known_zero, if zeroed { kz > 0 } else { d == 0 });
+                        let log = self.mem.take_log();
+                        match a.zeroing {
+                            Zeroing::NotRequested => prop_assert!(!zeroed && log.is_empty()),
+                            Zeroing::Skipped => {
+                                prop_assert!(zeroed && a.prior.known_zero && log.is_empty())
+                            }
+                            Zeroing::Done => {
+                                prop_assert!(zeroed && !a.prior.known_zero);
+                                prop_assert_eq!(log.len() as u64, order.pages());
+                                if b.range().contains(hint) {
+                                    prop_assert_eq!(log.last(), Some(&hint));
+                                }
+                            }
+                        }
+                        if zeroed {
+                            prop_assert!(self.mem.reads_zero(b.range()));
+                        }
+                        self.set(b, Page::Allocated);
+                        if scribble {
+                            self.mem.scribble(b.range());
+                        }
+                        self.live.push(b);
+                    }
+                    Err(AllocError::OutOfMemory(_)) => {
+                        prop_assert!(avail.iter().all(|&(kz, d)| kz + d == 0));
+                        self.unchanged_except_failures(&before)?;
+                    }
+                    Err(AllocError::OrderTooLarge { .. }) => {
+                        prop_assert!(order > self.mm.config().max_order);
+                        self.unchanged_except_failures(&before)?;
+                    }
+                    Err(e) => return Err(fail(&format!("unexpected {e}"))),
+                }
+            }
+            Op::Free { pick, known_zero } => {
+                if self.live.is_empty() {
+                    return Ok(());
+                }
+                let i = pick as usize % self.live.len();
+                let b = self.live[i];
+                let hint = if known_zero {
+                    FreeHint::KnownZero
+                } else {
+                    FreeHint::Dirty
+                };
+                let really_zero = self.mem.reads_zero(b.range());
+                match self.mm.free(b, hint) {
+                    Ok(()) => {
+                        prop_assert!(!known_zero || really_zero);
+                        self.live.swap_remove(i);
+                        self.freed.push(b);
+                        let state = if known_zero {
+                            FreeState::ZERO
+                        } else {
+                            FreeState::DIRTY
+                        };
+                        self.set(b, Page::Free(state));
+                        self.absorb_merge(b)?;
+                    }
+                    Err(FreeError::VerifyFailed(x)) => {
+                        prop_assert!(known_zero && !really_zero && x == b);
+                        self.unchanged(&before)?;
+                    }
+                    Err(e) => return Err(fail(&format!("unexpected {e}"))),
+                }
+            }
+            Op::DoubleFree { pick } => {
+                if let Some(&b) = self.freed.get(pick as usize % self.freed.len().max(1)) {
+                    // Unless the same block was handed out again since.
+                    if !self.live.contains(&b) {
+                        prop_assert!(self.mm.free(b, FreeHint::Dirty).is_err());
+                        self.unchanged(&before)?;
+                    }
+                }
+            }
+            Op::BadFree { pfn, order } => {
+                let b = Block::new(
+                    Pfn(u64::from(pfn) % (self.pages.len() as u64 + 8)),
+                    Order::new(order).unwrap(),
+                );
+                if !self.live.contains(&b) {
+                    prop_assert!(self.mm.free(b, FreeHint::Dirty).is_err());
+                    self.unchanged(&before)?;
+                }
+            }
+            Op::WrongShape { pick, delta } => {
+                if let Some(&b) = self.live.get(pick as usize % self.live.len().max(1)) {
+                    let bad = [
+                        Block::new(b.pfn, Order::new(b.order.get() + delta).unwrap()),
+                        Block::new(Pfn(b.pfn.0 + u64::from(delta)), b.order),
+                    ];
+                    for x in bad {
+                        if !self.live.contains(&x) {
+                            prop_assert!(
+                                self.mm.free(x, FreeHint::Dirty).is_err(),
+                                "{} accepted",
+                                x
+                            );
+                        }
+                    }
+                    self.unchanged(&before)?;
+                }
+            }
+            Op::Isolate {
+                zone,
+                min_order,
+                max_blocks,
+            } => {
+                let zone = ZoneId(zone as usize % self.zones.len());
+                let min = Order::new(min_order).unwrap();
+                let got = self.mm.isolate_unreported(
+                    zone,
+                    min,
+                    Order::new(MAX_ORDER_LIMIT).unwrap(),
+                    max_blocks as usize,
+                );
+                prop_assert!(got.len() <= max_blocks as usize);
+                for ib in &got {
+                    prop_assert!(ib.block.order >= min && !ib.state.reported);
+                    prop_assert!(self.zones[zone.0].contains_range(&ib.block.range()));
+                    for page in self.model(ib.block) {
+                        prop_assert_eq!(*page, Page::Free(ib.state));
+                    }
+                    self.set(ib.block, Page::Isolated(ib.state));
+                    self.isolated.push(ib.block);
+                }
+                if got.len() < max_blocks as usize {
+                    // Nothing unreported of a high enough order is left in that zone.
+                    let info = self.mm.zone_info(zone).unwrap();
+                    prop_assert!(info.nr_free[min.index()..]
+                        .iter()
+                        .all(|c| c.unreported() == 0));
+                }
+            }
+            Op::PutBack {
+                pick,
+                verdict,
+                honest,
+            } => {
+                if self.isolated.is_empty() {
+                    prop_assert!(self
+                        .mm
+                        .put_back(Block::new(Pfn(0), Order::ZERO), ReportVerdict::Error)
+                        .is_err());
+                    return self.unchanged(&before);
+                }
+                let i = pick as usize % self.isolated.len();
+                let b = self.isolated.swap_remove(i);
+                let Page::Isolated(old) = self.model(b)[0] else {
+                    return Err(fail("not isolated"));
+                };
+                let verdict = [
+                    ReportVerdict::Zeroed,
+                    ReportVerdict::NotZeroed,
+                    ReportVerdict::Error,
+                ][verdict as usize];
+                let lie =
+                    verdict == ReportVerdict::Zeroed && !honest && !self.mem.reads_zero(b.range());
+                if verdict == ReportVerdict::Zeroed && honest {
+                    // The host discarded the backing: the pages read zero now.
+                    self.mem.zero(b.range(), None);
+                    self.mem.take_log();
+                }
+                let res = self.mm.put_back(b, verdict);
+                let state = match verdict {
+                    _ if lie => {
+                        prop_assert_eq!(res, Err(PutBackError::VerifyFailed(b)));
+                        FreeState::REPORTED_DIRTY
+                    }
+                    ReportVerdict::Zeroed => FreeState::REPORTED_ZERO,
+                    ReportVerdict::NotZeroed => FreeState {
+                        known_zero: old.known_zero,
+                        reported: true,
+                    },
+                    ReportVerdict::Error => old,
+                };
+                if !lie {
+                    prop_assert_eq!(res, Ok(()));
+                }
+                // Putting it back twice is refused.
+                prop_assert_eq!(
+                    self.mm.put_back(b, verdict),
+                    Err(PutBackError::NotIsolated(b))
+                );
+                self.set(b, Page::Free(state));
+                self.absorb_merge(b)?;
+            }
+            Op::FreeIsolated { pick } => {
+                if let Some(&b) = self
+                    .isolated
+                    .get(pick as usize % self.isolated.len().max(1))
+                {
+                    let res = self.mm.free(b, FreeHint::Dirty);
+                    prop_assert!(matches!(res, Err(FreeError::Isolated { .. })), "{:?}", res);
+                    self.unchanged(&before)?;
+                }
+            }
+            Op::Mark { start, len, honest } => {
+                let range = PageRange::new(
+                    Pfn(u64::from(start) % self.pages.len() as u64),
+                    u64::from(len),
+                );
+                let Some(zone) = self.zones.iter().find(|z| z.contains_range(&range)) else {
+                    let res = self.mm.mark_known_zero(range);
+                    prop_assert!(matches!(res, Err(MarkError::NotOwned(_))), "{:?}", res);
+                    return self.unchanged(&before);
+                };
+                let _ = zone;
+                // Free blocks entirely inside, not yet known zero: what the hint must mark.
+                let mut targets = Vec::new();
+                let mut p = range.start;
+                while p < range.end() {
+                    match self.mm.free_state_of(p) {
+                        Some((b, s)) => {
+                            if !s.known_zero && range.contains_range(&b.range()) {
+                                targets.push(b);
+                            }
+                            p = b.range().end();
+                        }
+                        None => p = Pfn(p.0 + 1),
+                    }
+                }
+                if honest {
+                    for b in &targets {
+                        self.mem.zero(b.range(), None);
+                    }
+                    self.mem.take_log();
+                }
+                let all_zero = targets.iter().all(|b| self.mem.reads_zero(b.range()));
+                match self.mm.mark_known_zero(range) {
+                    Ok(n) => {
+                        prop_assert!(all_zero);
+                        prop_assert_eq!(n, targets.iter().map(|b| b.order.pages()).sum::<u64>());
+                        for b in targets {
+                            let Page::Free(s) = self.model(b)[0] else {
+                                return Err(fail("target not free"));
+                            };
+                            self.set(
+                                b,
+                                Page::Free(FreeState {
+                                    known_zero: true,
+                                    ..s
+                                }),
+                            );
+                        }
+                    }
+                    Err(MarkError::VerifyFailed(_)) => {
+                        prop_assert!(!all_zero);
+                        self.unchanged_except_verify(&before)?;
+                    }
+                    Err(e) => return Err(fail(&format!("unexpected {e}"))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unchanged(&self, before: &Stats) -> Result<(), TestCaseError> {
+        let now = self.mm.stats();
+        prop_assert_eq!(
+            Stats {
+                verify_failures: before.verify_failures,
+                ..now
+            },
+            before.clone(),
+            "a refused operation changed the manager"
+        );
+        Ok(())
+    }
+
+    fn unchanged_except_failures(&self, before: &Stats) -> Result<(), TestCaseError> {
+        let now = self.mm.stats();
+        prop_assert_eq!(now.alloc_failures, before.alloc_failures + 1);
+        prop_assert_eq!(
+            Stats {
+                alloc_failures: before.alloc_failures,
+                ..now
+            },
+            before.clone()
+        );
+        Ok(())
+    }
+
+    fn unchanged_except_verify(&self, before: &Stats) -> Result<(), TestCaseError> {
+        let now = self.mm.stats();
+        prop_assert_eq!(now.verify_failures, before.verify_failures + 1);
+        self.unchanged(before)
+    }
+}
+
+fn fail(what: &str) -> TestCaseError {
+    TestCaseError::fail(what.to_string())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    /// The manager agrees with the reference model after every step of a random sequence.
+    #[test]
+    fn manager_matches_model(s in setup(), ops in prop::collection::vec(op(), 1..64)) {
+        let mut w = World::new(&s);
+        w.check()?;
+        for op in &ops {
+            w.step(op)?;
+            w.check()?;
+        }
+        // Everything given back: all pages free again, nothing lost.
+        for b in std::mem::take(&mut w.isolated) {
+            w.mm.put_back(b, ReportVerdict::Error).map_err(|e| fail(&e.to_string()))?;
+        }
+        for b in std::mem::take(&mut w.live) {
+            w.mm.free(b, FreeHint::Dirty).map_err(|e| fail(&e.to_string()))?;
+        }
+        w.mm.check_invariants().map_err(|e| fail(&e.to_string()))?;
+        prop_assert_eq!(w.mm.stats().free_pages_total(), w.mm.total_pages());
+    }
+}

@@ -30,10 +30,10 @@ pub enum ZeroKernel {
 }
 
 /// From this size on, [`ZeroKernel::auto`] picks a cache-bypassing kernel. Measured with
-/// `zeronce bench zero` on Zen 3: on cold 2 MiB chunks the non-temporal kernels are ~2×
+/// `zeronce bench zero` (AMD EPYC, family 26 = Zen 5): on cold 2 MiB chunks the non-temporal kernels are ~2×
 /// faster than `rep stosb` (no read-for-ownership); on cache-resident 2 MiB they are
-/// ~1.4× slower. Ranges under 1 MiB are likely cached (L2 is 512 KiB) and about to be
-/// used, so cache-allocating stores are kept there.
+/// ~1.4× slower. Ranges under 1 MiB are likely cached (L2 is 0.5–1 MiB per core on
+/// Zen 3–5) and about to be used, so cache-allocating stores are kept there.
 pub const NON_TEMPORAL_THRESHOLD: usize = 1 << 20;
 
 impl ZeroKernel {
@@ -88,7 +88,7 @@ impl ZeroKernel {
     /// The kernel to use for a range of `len` bytes: cache-allocating below
     /// [`NON_TEMPORAL_THRESHOLD`] (`rep stosb` with ERMS, else `write_bytes`), from there on
     /// the best available cache-bypassing one (AVX2 streams, else `clzero`, else SSE2
-    /// streams: on Zen 3 AVX2 streams and `clzero` are within noise of each other, both
+    /// streams: on AMD EPYC AVX2 streams and `clzero` are within noise of each other, both
     /// ~2× `rep stosb` on cold 2 MiB chunks; see `zeronce bench zero`).
     pub fn auto(len: usize) -> ZeroKernel {
         if len < NON_TEMPORAL_THRESHOLD {

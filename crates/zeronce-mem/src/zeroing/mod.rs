@@ -30,9 +30,9 @@ pub enum ZeroKernel {
 }
 
 /// From this size on, [`ZeroKernel::auto`] picks a cache-bypassing kernel. Measured with
-/// `zeronce bench zero` (AMD EPYC, family 26 = Zen 5): on cold 2 MiB chunks the non-temporal kernels are ~2×
-/// faster than `rep stosb` (no read-for-ownership); on cache-resident 2 MiB they are
-/// ~1.4× slower. Ranges under 1 MiB are likely cached (L2 is 0.5–1 MiB per core on
+/// `zeronce bench zero` (AMD EPYC, family 26 = Zen 5): on cold 2 MiB chunks the
+/// non-temporal kernels are ~2× faster than `rep stosb` (no read-for-ownership); on
+/// cache-resident 2 MiB they are ~1.4× slower. Ranges under 1 MiB are likely cached (L2 is 0.5–1 MiB per core on
 /// Zen 3–5) and about to be used, so cache-allocating stores are kept there.
 pub const NON_TEMPORAL_THRESHOLD: usize = 1 << 20;
 
@@ -147,18 +147,21 @@ pub unsafe fn zero_range(ptr: *mut u8, len: usize, kernel: ZeroKernel) {
     if len == 0 {
         return;
     }
-    // SAFETY (all arms): the caller's contract is exactly each kernel's contract; the
-    // CPU-feature preconditions of NtAvx2 and Clzero are checked by `is_available`.
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        ZeroKernel::RepStosb => unsafe { kernels::rep_stosb(ptr, len) },
-        #[cfg(target_arch = "x86_64")]
-        ZeroKernel::NtSse2 => unsafe { kernels::nt_sse2(ptr, len) },
-        #[cfg(target_arch = "x86_64")]
-        ZeroKernel::NtAvx2 if kernel.is_available() => unsafe { kernels::nt_avx2(ptr, len) },
-        #[cfg(target_arch = "x86_64")]
-        ZeroKernel::Clzero if kernel.is_available() => unsafe { kernels::clzero(ptr, len) },
-        _ => unsafe { kernels::write_bytes(ptr, len) },
+    // SAFETY: the caller's contract is exactly each kernel's contract; the CPU-feature
+    // preconditions of NtAvx2 and Clzero are checked by `is_available` in their arms
+    // (SSE2 and `rep stosb` are x86-64 baseline).
+    unsafe {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            ZeroKernel::RepStosb => kernels::rep_stosb(ptr, len),
+            #[cfg(target_arch = "x86_64")]
+            ZeroKernel::NtSse2 => kernels::nt_sse2(ptr, len),
+            #[cfg(target_arch = "x86_64")]
+            ZeroKernel::NtAvx2 if kernel.is_available() => kernels::nt_avx2(ptr, len),
+            #[cfg(target_arch = "x86_64")]
+            ZeroKernel::Clzero if kernel.is_available() => kernels::clzero(ptr, len),
+            _ => kernels::write_bytes(ptr, len),
+        }
     }
 }
 

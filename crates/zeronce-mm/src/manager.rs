@@ -9,7 +9,7 @@ use crate::types::{
     Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,
 };
 use crate::zeroing::Zeroer;
-use crate::zone::{IsolatedBlock, Zone};
+use crate::zone::{IsolatedBlock, Zone, UNREPORTED_STATES};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -447,17 +447,48 @@ impl MemoryManager {
         max_order: Order,
         max_blocks: usize,
     ) -> Vec<IsolatedBlock> {
+        self.isolate(zone, &UNREPORTED_STATES, min_order, max_order, max_blocks)
+    }
+
+    /// Like [`MemoryManager::isolate_unreported`] for blocks that are reported but not
+    /// known zero (a "settle" pass asking the host again whether they are zero now).
+    /// `put_back` verdicts: `Zeroed` → reported + known zero; `NotZeroed` / `Error` →
+    /// unchanged (reported, not known zero).
+    pub fn isolate_reported_not_zero(
+        &self,
+        zone: ZoneId,
+        min_order: Order,
+        max_order: Order,
+        max_blocks: usize,
+    ) -> Vec<IsolatedBlock> {
+        self.isolate(
+            zone,
+            &[FreeState::REPORTED_DIRTY],
+            min_order,
+            max_order,
+            max_blocks,
+        )
+    }
+
+    /// Isolates free blocks in one of `states` (see [`MemoryManager::isolate_unreported`]).
+    fn isolate(
+        &self,
+        zone: ZoneId,
+        states: &[FreeState],
+        min_order: Order,
+        max_order: Order,
+        max_blocks: usize,
+    ) -> Vec<IsolatedBlock> {
         let mut out = Vec::new();
-        let Some(slot) = self.zones.get(zone.0) else {
-            return out;
-        };
-        lock(slot).isolate_unreported(min_order, max_order, max_blocks, &mut out);
+        if let Some(slot) = self.zones.get(zone.0) {
+            lock(slot).isolate(states, min_order, max_order, max_blocks, &mut out);
+        }
         out
     }
 
     /// Returns an isolated block with the host's verdict (DESIGN §3): `Zeroed` → reported +
-    /// known zero; `NotZeroed` → reported, known_zero unchanged; `Error` → unreported,
-    /// state unchanged. Then merges with free buddies (∧ rule). In verify mode a `Zeroed`
+    /// known zero; `NotZeroed` → reported, known_zero unchanged; `Error` → the state it was
+    /// isolated in (unreported for blocks from `isolate_unreported`). Then merges with free buddies (∧ rule). In verify mode a `Zeroed`
     /// verdict is checked; if false the block is put back reported and *not* known zero and
     /// the error says so (the block is never lost).
     pub fn put_back(&self, block: Block, verdict: ReportVerdict) -> Result<(), PutBackError> {

@@ -54,6 +54,7 @@ enum Op {
         zone: u8,
         min_order: u8,
         max_blocks: u8,
+        settle: bool,
     },
     PutBack {
         pick: u16,
@@ -78,7 +79,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(|pick| Op::DoubleFree { pick }),
         1 => (any::<u16>(), 0u8..8).prop_map(|(pfn, order)| Op::BadFree { pfn, order }),
         1 => (any::<u16>(), 1u8..4).prop_map(|(pick, delta)| Op::WrongShape { pick, delta }),
-        2 => (0u8..3, 0u8..6, 1u8..6).prop_map(|(zone, min_order, max_blocks)| Op::Isolate { zone, min_order, max_blocks }),
+        2 => (0u8..3, 0u8..6, 1u8..6, prop::bool::weighted(0.25))
+            .prop_map(|(zone, min_order, max_blocks, settle)| Op::Isolate { zone, min_order, max_blocks, settle }),
         2 => (any::<u16>(), 0u8..3, prop::bool::weighted(0.85))
             .prop_map(|(pick, verdict, honest)| Op::PutBack { pick, verdict, honest }),
         1 => any::<u16>().prop_map(|pick| Op::FreeIsolated { pick }),
@@ -382,18 +384,26 @@ impl World {
                 zone,
                 min_order,
                 max_blocks,
+                settle,
             } => {
                 let zone = ZoneId(zone as usize % self.zones.len());
                 let min = Order::new(min_order).unwrap();
-                let got = self.mm.isolate_unreported(
-                    zone,
-                    min,
-                    Order::new(MAX_ORDER_LIMIT).unwrap(),
-                    max_blocks as usize,
-                );
+                let max = Order::new(MAX_ORDER_LIMIT).unwrap();
+                let got = if settle {
+                    self.mm
+                        .isolate_reported_not_zero(zone, min, max, max_blocks as usize)
+                } else {
+                    self.mm
+                        .isolate_unreported(zone, min, max, max_blocks as usize)
+                };
                 prop_assert!(got.len() <= max_blocks as usize);
                 for ib in &got {
-                    prop_assert!(ib.block.order >= min && !ib.state.reported);
+                    let wanted = if settle {
+                        ib.state == FreeState::REPORTED_DIRTY
+                    } else {
+                        !ib.state.reported
+                    };
+                    prop_assert!(ib.block.order >= min && wanted);
                     prop_assert!(self.zones[zone.0].contains_range(&ib.block.range()));
                     for page in self.model(ib.block) {
                         prop_assert_eq!(*page, Page::Free(ib.state));
@@ -404,9 +414,14 @@ impl World {
                 if got.len() < max_blocks as usize {
                     // Nothing unreported of a high enough order is left in that zone.
                     let info = self.mm.zone_info(zone).unwrap();
-                    prop_assert!(info.nr_free[min.index()..]
-                        .iter()
-                        .all(|c| c.unreported() == 0));
+                    let left = |c: &FreeCounts| {
+                        if settle {
+                            c.reported_dirty
+                        } else {
+                            c.unreported()
+                        }
+                    };
+                    prop_assert!(info.nr_free[min.index()..].iter().all(|c| left(c) == 0));
                 }
             }
             Op::PutBack {

@@ -469,3 +469,28 @@ fn concurrent_alloc_free_keeps_invariants() {
     mm.check_invariants().unwrap();
     assert_eq!(mm.stats().free_pages_total(), 5096);
 }
+
+#[test]
+fn settle_pass_isolates_reported_not_zero_blocks_only() {
+    let (mm, z) = manager(16, 2, true);
+    for b in mm.isolate_unreported(ZoneId(0), o(2), o(2), 2) {
+        mm.put_back(b.block, ReportVerdict::NotZeroed).unwrap();
+    }
+    // Two reported-dirty blocks, two dirty ones.
+    let settle = mm.isolate_reported_not_zero(ZoneId(0), o(0), o(2), 8);
+    assert_eq!(settle.len(), 2);
+    assert!(settle.iter().all(|b| b.state == FreeState::REPORTED_DIRTY));
+    let (first, second) = (settle[0].block, settle[1].block);
+    z.zero(first.range(), None);
+    mm.put_back(first, ReportVerdict::Zeroed).unwrap();
+    mm.put_back(second, ReportVerdict::Error).unwrap();
+    assert_eq!(
+        state(&mm, first.pfn.0),
+        Some((first, FreeState::REPORTED_ZERO))
+    );
+    assert_eq!(
+        state(&mm, second.pfn.0),
+        Some((second, FreeState::REPORTED_DIRTY))
+    );
+    mm.check_invariants().unwrap();
+}

@@ -16,8 +16,8 @@ use free_lists::{Frame, FreeLists, Tag};
 const ZERO_STATES: [FreeState; 2] = [FreeState::ZERO, FreeState::REPORTED_ZERO];
 /// States any other request prefers: dirty (resident first, then reported).
 const DIRTY_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::REPORTED_DIRTY];
-/// States the reporting engine may isolate: the unreported ones, dirty first.
-const UNREPORTED_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::ZERO];
+/// States the reporting engine isolates for a report: the unreported ones, dirty first.
+pub(crate) const UNREPORTED_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::ZERO];
 
 /// A block isolated for reporting and the state it had on the free list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,12 +259,13 @@ impl Zone {
         (Block::new(pfn, order), state)
     }
 
-    /// `__isolate_free_page` for reporting: takes unreported free blocks of orders
-    /// `min_order..=max_order` off the free lists (ascending order, dirty before known zero)
-    /// until `out` holds `max_blocks`, marks them isolated and appends them to `out`. No
-    /// allocation can get them until [`Zone::put_back`].
-    pub fn isolate_unreported(
+    /// `__isolate_free_page` for reporting: takes free blocks in one of `states` of orders
+    /// `min_order..=max_order` off the free lists (ascending order, then `states` in the
+    /// given order) until `out` holds `max_blocks`, marks them isolated and appends them to
+    /// `out`. No allocation can get them until [`Zone::put_back`].
+    pub fn isolate(
         &mut self,
+        states: &[FreeState],
         min_order: Order,
         max_order: Order,
         max_blocks: usize,
@@ -275,7 +276,7 @@ impl Zone {
             return;
         }
         for order in min_order.up_to(max_order) {
-            for state in UNREPORTED_STATES {
+            for &state in states {
                 while out.len() < max_blocks {
                     let Some(idx) = self.lists.pop(&mut self.frames, order, state) else {
                         break;

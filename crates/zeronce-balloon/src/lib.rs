@@ -34,8 +34,10 @@
 pub mod config;
 pub mod device;
 pub mod discard;
+pub mod driver_queue;
 pub mod error;
 pub mod features;
+pub mod fuzzing;
 pub mod metrics;
 pub mod mock;
 pub mod queues;

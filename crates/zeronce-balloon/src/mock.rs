@@ -8,6 +8,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use zeronce_mem::vm::GuestDiscardError;
 use zeronce_mem::{Backing, DiscardError, DiscardOp};
 
+use crate::device::InterruptSignal;
 use crate::discard::Discarder;
 
 /// One recorded discard.
@@ -103,5 +104,35 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
     fn prefault(&mut self, _mem: &M, gpa: GuestAddress, len: u64) -> Result<(), GuestDiscardError> {
         self.prefaults.push((gpa, len));
         Ok(())
+    }
+}
+
+/// An [`InterruptSignal`] that records what it was asked to signal.
+#[derive(Debug, Default)]
+pub struct RecordingInterrupt {
+    used: std::sync::Mutex<Vec<u16>>,
+    config_changes: std::sync::atomic::AtomicU64,
+}
+
+impl RecordingInterrupt {
+    /// Queue indices signalled since the last call, in order.
+    pub fn take_used(&self) -> Vec<u16> {
+        std::mem::take(&mut *self.used.lock().expect("not poisoned"))
+    }
+
+    /// Configuration-change signals so far.
+    pub fn config_changes(&self) -> u64 {
+        self.config_changes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl InterruptSignal for RecordingInterrupt {
+    fn signal_used_queue(&self, queue_index: u16) {
+        self.used.lock().expect("not poisoned").push(queue_index);
+    }
+
+    fn signal_config_change(&self) {
+        self.config_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -1,0 +1,269 @@
+//! The fuzz harness shared by the cargo-fuzz target (`fuzz/fuzz_targets/queue_handlers.rs`)
+//! and the bounded proptest run in CI: arbitrary bytes become a hostile driver writing
+//! arbitrary descriptors, rings, buffers and config accesses against a device on
+//! vm-memory guest memory with a hole, through real split rings ([`DriverQueue`]).
+//!
+//! [`run`] panics if an invariant breaks: a discard outside guest RAM, unaligned to its
+//! backing, or crossing a region; a reporting `used_len` other than 0 or the chain
+//! length; an inflate `used_len` longer than the PFN count allows; or a device that no
+//! longer serves a well-formed request after reset.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use zeronce_mem::Backing;
+
+use crate::device::{BalloonDevice, BalloonOptions};
+use crate::discard::DiscardPolicy;
+use crate::driver_queue::{DriverBuf, DriverQueue};
+use crate::features::{FeatureOffer, FeatureSet, QueueKind, QueueLayout};
+use crate::mock::{RecordingDiscarder, RecordingInterrupt};
+use crate::spec::limits::MAX_PFNS_PER_REQUEST;
+use crate::spec::PFN_PAGE_SIZE;
+
+/// Guest RAM of the harness: two 4 MiB regions with a 4 MiB hole between them.
+pub const REGIONS: [(u64, u64); 2] = [(0, 4 << 20), (8 << 20, 4 << 20)];
+const QUEUE_SIZE: u16 = 16;
+const DATA: u64 = 0x10_0000;
+
+/// What a run did (for assertions that the harness is not vacuous).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FuzzOutcome {
+    /// Queue notifications delivered.
+    pub notifications: usize,
+    /// Chains the device popped.
+    pub chains: usize,
+    /// Chains refused as malformed.
+    pub malformed: usize,
+    /// Discards performed.
+    pub discards: usize,
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn u8(&mut self) -> u8 {
+        let (b, rest) = self.0.split_first().map_or((0, &[][..]), |(b, r)| (*b, r));
+        self.0 = rest;
+        b
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from(self.u32()) | u64::from(self.u32()) << 32
+    }
+    /// An address: mostly inside RAM or at interesting edges.
+    fn addr(&mut self) -> u64 {
+        match self.u8() % 8 {
+            0 => self.u64(),
+            1 => u64::MAX - u64::from(self.u16()),
+            2 => (4 << 20) - 0x1000 * u64::from(self.u8() % 4), // end of region 0
+            3 => (6 << 20) + u64::from(self.u16()),              // hole
+            4 => (8 << 20) + 0x1000 * u64::from(self.u16() % 1024),
+            _ => DATA + 0x1000 * u64::from(self.u8()) + u64::from(self.u8() % 2) * 0x800,
+        }
+    }
+    fn len(&mut self) -> u32 {
+        match self.u8() % 6 {
+            0 => self.u32(),
+            1 => 0,
+            2 => 0x1000 * u32::from(self.u8() % 8 + 1),
+            3 => 0x20_0000,
+            _ => u32::from(self.u16() % 512),
+        }
+    }
+}
+
+/// Runs the harness on `data` (see the module docs).
+pub fn run(data: &[u8]) -> FuzzOutcome {
+    let mut c = Cursor(data);
+    let mem = GuestMemoryMmap::<()>::from_ranges(
+        &REGIONS.map(|(s, l)| (GuestAddress(s), l as usize)),
+    )
+    .expect("harness memory");
+    let policy = match c.u8() % 3 {
+        0 => DiscardPolicy::Immediate,
+        1 => DiscardPolicy::Held {
+            delay: Duration::from_millis(10),
+        },
+        _ => DiscardPolicy::Lazy,
+    };
+    let mut discarder = RecordingDiscarder::default();
+    let huge = Backing::Hugetlb { page_size: 2 << 20 };
+    match c.u8() % 3 {
+        0 => {}
+        1 => drop(discarder.backings.insert(REGIONS[1].0, Backing::SharedFile)),
+        _ => drop(discarder.backings.insert(REGIONS[1].0, huge)),
+    }
+    let options = BalloonOptions {
+        offer: FeatureOffer::default(),
+        policy,
+        prefault_on_deflate: c.u8() & 1 == 1,
+        zero_promises: true,
+    };
+    let irq = Arc::new(RecordingInterrupt::default());
+    let mut dev = BalloonDevice::new(options, discarder, Arc::clone(&irq));
+    let acked = FeatureSet::from_bits(u64::from(c.u8()) | 1 << 32);
+    let _ = dev.ack_features(acked);
+    let acked = acked.intersect(dev.device_features());
+    let (mut queues, _) = activate(&mut dev, &mem, acked);
+    let t0 = Instant::now();
+    let mut out = FuzzOutcome::default();
+    let mut steps = 0;
+    while !c.0.is_empty() && steps < 256 {
+        steps += 1;
+        let nq = queues.len().max(1);
+        match c.u8() % 10 {
+            0 => {
+                let q = usize::from(c.u8()) % nq;
+                let bufs: Vec<DriverBuf> = (0..c.u8() % 5 + 1)
+                    .map(|_| DriverBuf {
+                        addr: c.addr(),
+                        len: c.len(),
+                        writable: c.u8() & 1 == 1,
+                    })
+                    .collect();
+                if let Some(dq) = queues.get_mut(q) {
+                    let _ = dq.add_chain(&mem, &bufs);
+                }
+            }
+            1 => {
+                let q = usize::from(c.u8()) % nq;
+                let (i, a, l, f, n) = (c.u16(), c.addr(), c.len(), c.u16(), c.u16());
+                if let Some(dq) = queues.get_mut(q) {
+                    let _ = dq.write_desc(&mem, i, a, l, f, n);
+                    let _ = dq.publish(&mem, i % QUEUE_SIZE);
+                }
+            }
+            2 => {
+                let at = DATA + u64::from(c.u16()) * 4;
+                let bytes: Vec<u8> = (0..c.u8()).map(|_| c.u8()).collect();
+                let _ = mem.write_slice(&bytes, GuestAddress(at));
+            }
+            3 | 4 => {
+                let index = u16::from(c.u8() % 6);
+                out.notifications += 1;
+                if let Ok(r) = dev.process_queue_at(&mem, index, t0) {
+                    out.chains += r.chains;
+                    out.malformed += r.malformed;
+                }
+            }
+            5 => {
+                let _ = dev.tick(&mem, t0 + Duration::from_millis(u64::from(c.u8())));
+            }
+            6 => {
+                let (off, len, val) = (u64::from(c.u8() % 24), usize::from(c.u8() % 8), c.u8());
+                let mut buf = vec![val; len];
+                let _ = dev.read_config(off, &mut buf);
+                let _ = dev.write_config(off, &buf);
+            }
+            7 => {
+                dev.set_num_pages(c.u32());
+                let _ = dev.request_stats(&mem);
+            }
+            8 => {
+                let q = usize::from(c.u8()) % nq;
+                let idx = c.u16();
+                if let Some(dq) = queues.get_mut(q) {
+                    let _ = dq.set_avail_idx(&mem, idx);
+                }
+            }
+            _ => {
+                let acked = FeatureSet::from_bits(u64::from(c.u8()) | 1 << 32)
+                    .intersect(dev.device_features());
+                let _ = dev.ack_features(acked);
+                queues = activate(&mut dev, &mem, acked).0;
+            }
+        }
+        check_used(&mem, &mut queues, dev.layout());
+    }
+    let _ = dev.tick(&mem, t0 + Duration::from_secs(3600));
+    check_used(&mem, &mut queues, dev.layout());
+    check_discards(&mem, dev.discarder());
+    out.discards = dev.discarder().calls.len();
+    check_still_serves(&mut dev, &mem, acked);
+    out
+}
+
+/// Negotiates `acked` and activates fresh queues; returns the driver side.
+fn activate(
+    dev: &mut BalloonDevice<RecordingDiscarder, Arc<RecordingInterrupt>>,
+    mem: &GuestMemoryMmap,
+    acked: FeatureSet,
+) -> (Vec<DriverQueue>, bool) {
+    let Ok(neg) = dev.ack_features(acked) else {
+        return (Vec::new(), false);
+    };
+    let queues: Vec<DriverQueue> = (0..neg.layout().len())
+        .map(|i| DriverQueue::new(mem, GuestAddress(0x1000 * i as u64), QUEUE_SIZE).expect("rings"))
+        .collect();
+    let ok = dev
+        .activate(queues.iter().map(DriverQueue::device_queue).collect())
+        .is_ok();
+    (queues, ok)
+}
+
+/// Used lengths are ones the device could justify: none on deflate/stats, at most a
+/// full bitmap on inflate, whole 4 KiB pages on reporting.
+fn check_used(mem: &GuestMemoryMmap, queues: &mut [DriverQueue], layout: Option<QueueLayout>) {
+    for (i, q) in queues.iter_mut().enumerate() {
+        let kind = layout.as_ref().and_then(|l| l.kind(i as u16));
+        for (id, len) in q.take_used(mem).unwrap_or_default() {
+            assert!(id < u32::from(QUEUE_SIZE), "used id {id} out of the table");
+            match kind {
+                Some(QueueKind::Inflate) => assert!(len as usize <= MAX_PFNS_PER_REQUEST / 8),
+                Some(QueueKind::Reporting) => assert_eq!(u64::from(len) % PFN_PAGE_SIZE, 0),
+                _ => assert_eq!(len, 0, "{kind:?}"),
+            }
+        }
+    }
+}
+
+/// Every discard lies inside one region of guest RAM and respects its page size.
+fn check_discards(mem: &GuestMemoryMmap, d: &RecordingDiscarder) {
+    for call in &d.calls {
+        let ps = call.backing.page_size() as u64;
+        assert!(call.len > 0 && call.gpa.0 % ps == 0 && call.len % ps == 0, "{call:?}");
+        let region = mem.find_region(call.gpa).expect("discard inside guest RAM");
+        assert!(call.gpa.0 + call.len <= region.start_addr().0 + region.len(), "{call:?}");
+    }
+}
+
+/// After whatever happened, a reset device serves a well-formed report / inflate.
+fn check_still_serves(
+    dev: &mut BalloonDevice<RecordingDiscarder, Arc<RecordingInterrupt>>,
+    mem: &GuestMemoryMmap,
+    acked: FeatureSet,
+) {
+    dev.reset();
+    let (mut queues, ok) = activate(dev, mem, acked);
+    assert!(ok, "device refused to activate after reset");
+    let layout = dev.layout().expect("negotiated");
+    let (kind, bufs) = match layout.index(QueueKind::Reporting) {
+        Some(_) => (QueueKind::Reporting, vec![DriverBuf::write(DATA, 0x1000)]),
+        None => {
+            mem.write_obj(0x200u32, GuestAddress(DATA)).expect("pfn");
+            let mut bufs = vec![DriverBuf::read(DATA, 4)];
+            if dev.negotiated().is_some_and(|n| n.inflate_bitmap()) {
+                bufs.push(DriverBuf::write(DATA + 0x100, 1));
+            }
+            (QueueKind::Inflate, bufs)
+        }
+    };
+    let index = layout.index(kind).expect("queue");
+    let head = queues[usize::from(index)].add_chain(mem, &bufs).expect("add");
+    let held_before = dev.held_requests();
+    let r = dev
+        .process_queue_at(mem, index, Instant::now())
+        .expect("served");
+    assert_eq!(r.malformed, 0, "{kind:?} rejected a well-formed request");
+    let _ = dev.tick(mem, Instant::now() + Duration::from_secs(3600));
+    let used = queues[usize::from(index)].take_used(mem).expect("used ring");
+    assert_eq!(used.len(), 1, "request not completed (held before: {held_before})");
+    assert_eq!(used[0].0, u32::from(head));
+}

@@ -70,6 +70,11 @@ pub trait ReportingDevice: Send {
     ) -> Result<(), ReportError> {
         Ok(())
     }
+
+    /// A settle pass ended; `complete` when it visited every zone without a device error
+    /// (then every free held block whose hold was over has been settled, and expired
+    /// records left belong to blocks allocated during their hold).
+    fn end_settle(&mut self, _now: Instant, _complete: bool) {}
 }
 
 /// Which free blocks a pass isolates.

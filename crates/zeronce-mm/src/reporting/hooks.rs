@@ -36,8 +36,7 @@ impl ReportingHooks for MemoryManager {
     ) {
         let got = match wanted {
             Wanted::Unreported => self.isolate_unreported(zone, order, order, max),
-            // Settle passes need the manager to isolate reported blocks as well.
-            Wanted::ReportedNotZero => Vec::new(),
+            Wanted::ReportedNotZero => self.isolate_reported_not_zero(zone, order, order, max),
         };
         out.extend(got.into_iter().map(|i| i.block));
     }

@@ -170,7 +170,7 @@ fn blocks_being_reported_cannot_be_allocated() {
         overlaps: 0,
     };
     let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 32).unwrap();
-    let r = flush(&e, &*m, &mut dev, u64::MAX);
+    let r = flush(&e, &m, &mut dev, u64::MAX);
     assert_eq!(dev.overlaps, 0);
     assert_eq!(
         r.stats.pages, 64,

@@ -1,0 +1,223 @@
+//! The reporting device of process mode: the Linux kernel is the host. A reported block's
+//! backing is discarded in this process with the operation that fits the [`SharedRam`]'s
+//! backing, and the answer is "zero" only when that operation guarantees it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zeronce_mem::{Backing, DiscardOp, SharedRam};
+use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
+use zeronce_mm::{PageRange, PAGE_SIZE};
+
+/// What the host does with reported memory (the three policies the 004 review asked for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostPolicy {
+    /// Discard at once; the block reads zero from now on (`MADV_DONTNEED`, punch hole).
+    Immediate,
+    /// Keep the block resident for `hold`, then discard it. Reported but *not* known zero
+    /// during the hold, so an allocation in that window takes it back without a fault
+    /// (and zeroes it if asked to); after the hold a settle pass discards the blocks still
+    /// free and only then marks them known zero.
+    Hold(Duration),
+    /// `MADV_FREE`: the kernel takes the memory only under pressure and old contents may
+    /// survive, so the block is **never** claimed zero. Private anonymous memory only.
+    Lazy,
+}
+
+impl HostPolicy {
+    /// The discard operation this policy uses on `backing`; `None` if it cannot be used.
+    pub fn discard_op(self, backing: Backing) -> Option<DiscardOp> {
+        match self {
+            HostPolicy::Immediate | HostPolicy::Hold(_) => Some(DiscardOp::best_for(backing)),
+            HostPolicy::Lazy => DiscardOp::Free
+                .supported_on(backing)
+                .then_some(DiscardOp::Free),
+        }
+    }
+}
+
+/// Counters of a [`ProcessDevice`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Bytes discarded.
+    pub discarded_bytes: u64,
+    /// Bytes answered "zero".
+    pub zeroed_bytes: u64,
+    /// Bytes currently held (hold policy).
+    pub held_bytes: u64,
+    /// Failed discards (each failed a whole report call).
+    pub errors: u64,
+}
+
+/// Discards reported blocks of one [`SharedRam`] (see the module docs).
+#[derive(Debug)]
+pub struct ProcessDevice {
+    ram: Arc<SharedRam>,
+    op: DiscardOp,
+    policy: HostPolicy,
+    /// Answer "zero" when the discard guarantees it (`false`: a host without zero hints,
+    /// the seeds' baseline).
+    zero_hints: bool,
+    /// Held blocks: first PFN → (pages, end of hold). Never overlapping.
+    held: BTreeMap<u64, (u64, Instant)>,
+    stats: DeviceStats,
+}
+
+/// The device was asked for a policy its backing cannot do.
+#[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("host policy {policy:?} cannot discard {backing} memory")]
+pub struct PolicyError {
+    /// The policy.
+    pub policy: HostPolicy,
+    /// The backing.
+    pub backing: Backing,
+}
+
+impl ProcessDevice {
+    /// A device for `ram` with `policy`; `zero_hints: false` never answers "zero".
+    pub fn new(
+        ram: Arc<SharedRam>,
+        policy: HostPolicy,
+        zero_hints: bool,
+    ) -> Result<Self, PolicyError> {
+        let backing = ram.backing();
+        let op = policy
+            .discard_op(backing)
+            .ok_or(PolicyError { policy, backing })?;
+        Ok(ProcessDevice {
+            ram,
+            op,
+            policy,
+            zero_hints,
+            held: BTreeMap::new(),
+            stats: DeviceStats::default(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+
+    /// Discards one block; its verdict.
+    fn discard(&mut self, block: &PageRange) -> Result<Verdict, ReportError> {
+        let offset = (block.start.0 * PAGE_SIZE) as usize;
+        let len = block.bytes() as usize;
+        // The block is isolated by the engine: nobody else holds a claim on it.
+        let mut range = self.ram.claim(offset, len).map_err(ReportError::new)?;
+        match range.discard(self.op) {
+            Ok(g) => {
+                self.stats.discarded_bytes += len as u64;
+                if g.is_zeroed() && self.zero_hints {
+                    self.stats.zeroed_bytes += len as u64;
+                    Ok(Verdict::Zeroed)
+                } else {
+                    Ok(Verdict::NotZeroed)
+                }
+            }
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::warn!(%e, offset, len, "discard failed; batch goes back unreported");
+                Err(ReportError::new(e))
+            }
+        }
+    }
+
+    /// Forgets held records overlapping `block` (it is being reported or settled anew).
+    fn unhold(&mut self, block: &PageRange) -> Vec<(u64, u64, Instant)> {
+        let end = block.end().0;
+        let overlapping: Vec<u64> = self
+            .held
+            .range(..end)
+            .rev()
+            .take_while(|(&s, &(pages, _))| s + pages > block.start.0)
+            .map(|(&s, _)| s)
+            .collect();
+        overlapping
+            .into_iter()
+            .filter_map(|s| {
+                let (pages, until) = self.held.remove(&s)?;
+                self.stats.held_bytes -= pages * PAGE_SIZE;
+                Some((s, pages, until))
+            })
+            .collect()
+    }
+}
+
+impl ReportingDevice for ProcessDevice {
+    fn capacity(&self) -> usize {
+        usize::MAX
+    }
+
+    fn report(
+        &mut self,
+        now: Instant,
+        blocks: &[PageRange],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError> {
+        for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
+            *verdict = match self.policy {
+                HostPolicy::Immediate | HostPolicy::Lazy => self.discard(block)?,
+                HostPolicy::Hold(hold) => {
+                    // Nothing discarded yet: reported, not zero, until the hold is over.
+                    self.unhold(block);
+                    self.held.insert(block.start.0, (block.pages, now + hold));
+                    self.stats.held_bytes += block.bytes();
+                    Verdict::NotZeroed
+                }
+            };
+        }
+        Ok(())
+    }
+
+    fn hold_expiry(&self) -> Option<Instant> {
+        self.held.values().map(|&(_, until)| until).min()
+    }
+
+    fn settle(
+        &mut self,
+        now: Instant,
+        blocks: &[PageRange],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError> {
+        for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
+            let records = self.unhold(block);
+            let covered: u64 = records
+                .iter()
+                .map(|&(s, p, _)| (s + p).min(block.end().0) - s.max(block.start.0))
+                .sum();
+            let expired = records.iter().all(|&(_, _, until)| until <= now);
+            if covered == block.pages && expired {
+                // Whole block held and its hold is over: discard it now, zero from now on.
+                *verdict = self.discard(block)?;
+            } else {
+                // Still (partly) in its hold, or never held here: keep the records.
+                for (s, p, until) in records {
+                    self.held.insert(s, (p, until));
+                    self.stats.held_bytes += p * PAGE_SIZE;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_settle(&mut self, now: Instant, complete: bool) {
+        if !complete {
+            return;
+        }
+        // Every free held block whose hold was over was just settled; what is left expired
+        // belongs to blocks allocated during their hold (taken back): forget them.
+        let stale: Vec<u64> = self
+            .held
+            .iter()
+            .filter(|(_, &(_, u))| u <= now)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in stale {
+            if let Some((pages, _)) = self.held.remove(&s) {
+                self.stats.held_bytes -= pages * PAGE_SIZE;
+            }
+        }
+    }
+}

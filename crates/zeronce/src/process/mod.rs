@@ -1,0 +1,389 @@
+//! Process mode: a [`MemoryManager`] over a [`GuestRam`] of this process, with free page
+//! reporting to the Linux kernel as the host (DESIGN §1). Freed memory leaves the process
+//! (RSS follows the working set) and comes back known zero, so it is never zeroed twice.
+//!
+//! ```no_run
+//! use zeronce::{ProcessMemory, ReportingSetup, Order};
+//! use zeronce_mem::BackingKind;
+//! let pm = ProcessMemory::builder()
+//!     .size(1 << 30)
+//!     .backing(BackingKind::Anonymous { thp: true })
+//!     .reporting(ReportingSetup::default())
+//!     .build()?;
+//! let mut block = pm.alloc_zeroed(Order::new(9)?)?; // 2 MiB that read zero
+//! block.as_mut_slice()[0] = 1;
+//! drop(block); // freed; reported after the delay, or now with:
+//! pm.flush(u64::MAX);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod device;
+mod zeroer;
+
+pub use device::{DeviceStats, HostPolicy, PolicyError, ProcessDevice};
+pub use zeroer::RamZeroer;
+
+use std::sync::Arc;
+
+use zeronce_mem::{BackingKind, ClaimError, GuestRam, RamError, RamRange, SharedRam};
+use zeronce_mm::reporting::{
+    PassReport, Reporter, ReportingConfig, ReportingConfigError, ReportingStats,
+};
+use zeronce_mm::{
+    AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
+    MemoryManager, MmConfig, Order, PageRange, Pfn, Stats, DEFAULT_MAX_ORDER, PAGE_SIZE,
+};
+
+/// Why process memory could not be set up or used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Mapping the RAM failed (size, huge pages, system call).
+    #[error(transparent)]
+    Ram(#[from] RamError),
+    /// The manager refused its configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The reporting engine refused its configuration.
+    #[error(transparent)]
+    Reporting(#[from] ReportingConfigError),
+    /// The host policy does not work on this backing (e.g. `MADV_FREE` on a memfd).
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// Reported blocks would be smaller than the backing's pages (hugetlb discards whole
+    /// huge pages only).
+    #[error("reporting order {order} is below the backing's {page_size}-byte pages")]
+    OrderBelowPageSize {
+        /// Configured reporting order.
+        order: Order,
+        /// Page size of the backing.
+        page_size: usize,
+    },
+    /// Allocation failed.
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// Free failed.
+    #[error(transparent)]
+    Free(#[from] FreeError),
+    /// A handed-out block's bytes were still claimed (a bug).
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+}
+
+/// Free page reporting settings of process mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReportingSetup {
+    /// Engine settings (Linux defaults).
+    pub config: ReportingConfig,
+    /// What the "host" does with reported blocks.
+    pub policy: HostPolicy,
+    /// Use the host's zero guarantee (the 000 seed); `false` = a host without zero hints,
+    /// every reported block comes back "not known zero" (the seeds' baseline).
+    pub zero_hints: bool,
+}
+
+impl Default for ReportingSetup {
+    fn default() -> Self {
+        ReportingSetup {
+            config: ReportingConfig::default(),
+            policy: HostPolicy::Immediate,
+            zero_hints: true,
+        }
+    }
+}
+
+/// Builder of [`ProcessMemory`]; see [`ProcessMemory::builder`].
+#[derive(Clone, Debug)]
+pub struct Builder {
+    size: usize,
+    backing: BackingKind,
+    reporting: Option<ReportingSetup>,
+    max_order: Order,
+    verify: bool,
+    fresh_is_zero: bool,
+}
+
+impl Builder {
+    /// Bytes of RAM (default 1 GiB); a multiple of the backing's page size.
+    pub fn size(mut self, bytes: usize) -> Self {
+        self.size = bytes;
+        self
+    }
+
+    /// What backs the RAM (default: private anonymous with THP).
+    pub fn backing(mut self, kind: BackingKind) -> Self {
+        self.backing = kind;
+        self
+    }
+
+    /// Turns free page reporting on with `setup` (default: off).
+    pub fn reporting(mut self, setup: ReportingSetup) -> Self {
+        self.reporting = Some(setup);
+        self
+    }
+
+    /// Turns free page reporting off: freed memory stays resident.
+    pub fn no_reporting(mut self) -> Self {
+        self.reporting = None;
+        self
+    }
+
+    /// Largest block order (default 10, 4 MiB).
+    pub fn max_order(mut self, order: Order) -> Self {
+        self.max_order = order;
+        self
+    }
+
+    /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
+    pub fn verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
+
+    /// Whether never-touched memory counts as known zero and reported (default `true`:
+    /// it is not resident and reads zero). `false` makes the allocator zero it like any
+    /// dirty memory (baselines).
+    pub fn fresh_is_zero(mut self, on: bool) -> Self {
+        self.fresh_is_zero = on;
+        self
+    }
+
+    /// Maps the RAM, builds the manager and starts reporting.
+    pub fn build(self) -> Result<ProcessMemory, Error> {
+        let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
+        let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), self.size as u64 / PAGE_SIZE)]);
+        config.max_order = self.max_order;
+        config.verify = self.verify;
+        config.initial_state = if self.fresh_is_zero {
+            FreeState::REPORTED_ZERO
+        } else {
+            FreeState::DIRTY
+        };
+        if let Some(setup) = &self.reporting {
+            config.reporting_order = setup.config.order;
+            let page_size = ram.backing().page_size();
+            if (setup.config.order.bytes() as usize) < page_size {
+                return Err(Error::OrderBelowPageSize {
+                    order: setup.config.order,
+                    page_size,
+                });
+            }
+        }
+        let mm = Arc::new(MemoryManager::new(
+            config,
+            Arc::new(RamZeroer::new(Arc::clone(&ram))),
+        )?);
+        let reporter = match self.reporting {
+            None => None,
+            Some(setup) => {
+                let device = ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
+                let reporter = Reporter::start(Arc::clone(&mm), device, setup.config)?;
+                let notifier = reporter.notifier();
+                let order = setup.config.order;
+                // Linux page_reporting_notify_free: the manager calls it only for merged
+                // unreported blocks of reporting order or above; it is one atomic load
+                // unless the engine is IDLE.
+                if mm
+                    .set_report_notifier(Box::new(move |_zone| notifier.freed(order)))
+                    .is_err()
+                {
+                    unreachable!("a new manager has no notifier");
+                }
+                Some(reporter)
+            }
+        };
+        Ok(ProcessMemory {
+            inner: Arc::new(Inner { mm, ram, reporter }),
+        })
+    }
+}
+
+struct Inner {
+    // Field order is drop order: the reporter (worker thread) stops before the manager.
+    reporter: Option<Reporter<MemoryManager, ProcessDevice>>,
+    mm: Arc<MemoryManager>,
+    ram: Arc<SharedRam>,
+}
+
+/// Memory of this process managed by zeronce. Cheap to clone (shared); `Send + Sync`.
+#[derive(Clone)]
+pub struct ProcessMemory {
+    inner: Arc<Inner>,
+}
+
+/// Counters of a [`ProcessMemory`].
+#[derive(Clone, Debug)]
+pub struct ProcessStats {
+    /// The manager's counters and free pages per (order, state).
+    pub mm: Stats,
+    /// The reporting engine's counters (`None`: reporting off).
+    pub reporting: Option<ReportingStats>,
+    /// The device's counters (`None`: reporting off).
+    pub device: Option<DeviceStats>,
+}
+
+impl ProcessMemory {
+    /// A builder: 1 GiB, anonymous + THP, reporting off, max order 10.
+    pub fn builder() -> Builder {
+        Builder {
+            size: 1 << 30,
+            backing: BackingKind::Anonymous { thp: true },
+            reporting: None,
+            max_order: DEFAULT_MAX_ORDER,
+            verify: false,
+            fresh_is_zero: true,
+        }
+    }
+
+    /// Allocates a block of `order` (`2^order` pages); contents unspecified.
+    pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
+        self.alloc_with(order, AllocRequest::DIRTY)
+    }
+
+    /// Allocates a block of `order` that reads zero (zeroed only if not known zero).
+    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, Error> {
+        self.alloc_with(order, AllocRequest::ZEROED)
+    }
+
+    /// Allocates with an explicit request (zeroing, hint page).
+    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
+        let alloc = self.inner.mm.alloc(order, req)?;
+        let range = match claim(&self.inner.ram, alloc.block) {
+            Ok(r) => r,
+            Err(e) => {
+                // Give the block back before reporting the bug.
+                let _ = self.inner.mm.free(alloc.block, FreeHint::Dirty);
+                return Err(e.into());
+            }
+        };
+        Ok(PageBlock {
+            inner: Arc::clone(&self.inner),
+            alloc,
+            range: Some(range),
+        })
+    }
+
+    /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles
+    /// expired holds; `None` when reporting is off.
+    pub fn flush(&self, max_pages: u64) -> Option<PassReport> {
+        self.inner.reporter.as_ref().map(|r| r.flush(max_pages))
+    }
+
+    /// Runs a settle pass now (hold policy); `None` when reporting is off.
+    pub fn settle(&self) -> Option<PassReport> {
+        self.inner.reporter.as_ref().map(|r| r.settle())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ProcessStats {
+        let r = self.inner.reporter.as_ref();
+        ProcessStats {
+            mm: self.inner.mm.stats(),
+            reporting: r.map(|r| r.stats()),
+            device: r.map(|r| r.with_device(|d| d.stats())),
+        }
+    }
+
+    /// The manager (for invariant checks and low-level use).
+    pub fn manager(&self) -> &MemoryManager {
+        &self.inner.mm
+    }
+
+    /// The RAM.
+    pub fn ram(&self) -> &Arc<SharedRam> {
+        &self.inner.ram
+    }
+
+    /// Bytes of the RAM held in memory: resident pages (anonymous, `mincore`; a mapped
+    /// shared zero page counts, e.g. after verify mode read a discarded block) or the
+    /// backing file's allocated blocks (memfd, hugetlb).
+    pub fn resident_bytes(&self) -> u64 {
+        let ram = &self.inner.ram;
+        match ram.file_allocated_bytes() {
+            Some(r) => r.unwrap_or(0),
+            None => ram.resident_bytes(0, ram.len()).map_or(0, |b| b as u64),
+        }
+    }
+}
+
+fn claim(ram: &Arc<SharedRam>, block: Block) -> Result<RamRange, ClaimError> {
+    ram.claim(
+        block.pfn.byte_offset() as usize,
+        block.order.bytes() as usize,
+    )
+}
+
+/// An allocated block of a [`ProcessMemory`]: owns its bytes; freed on drop (or with
+/// [`PageBlock::free`], which reports errors).
+pub struct PageBlock {
+    inner: Arc<Inner>,
+    alloc: Allocation,
+    /// `None` once freed.
+    range: Option<RamRange>,
+}
+
+impl PageBlock {
+    /// The block.
+    pub fn block(&self) -> Block {
+        self.alloc.block
+    }
+
+    /// How it was allocated (zeroing done or skipped, prior free state).
+    pub fn allocation(&self) -> &Allocation {
+        &self.alloc
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.range.as_ref().map_or(&[], |r| r.as_slice())
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+    }
+
+    /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
+    /// the block in for writing.
+    pub fn touch(&mut self, stride: usize) {
+        if let Some(r) = self.range.as_mut() {
+            r.touch(stride);
+        }
+    }
+
+    /// Frees the block (contents unknown).
+    pub fn free(mut self) -> Result<(), Error> {
+        self.release(FreeHint::Dirty)
+    }
+
+    /// Frees a block the caller knows reads zero (checked in verify mode; on a failed
+    /// check the block stays allocated and is freed dirty on drop).
+    pub fn free_zeroed(mut self) -> Result<(), Error> {
+        self.release(FreeHint::KnownZero)
+    }
+
+    fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
+        let Some(range) = self.range.take() else {
+            return Ok(());
+        };
+        // Our claim must go before the manager (or the verify read) can touch the block.
+        drop(range);
+        match self.inner.mm.free(self.alloc.block, hint) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if hint == FreeHint::KnownZero {
+                    // Still ours: take the bytes back so drop frees it dirty.
+                    self.range = claim(&self.inner.ram, self.alloc.block).ok();
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for PageBlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.release(FreeHint::Dirty) {
+            tracing::error!(%e, block = %self.alloc.block, "freeing a block on drop failed");
+        }
+    }
+}

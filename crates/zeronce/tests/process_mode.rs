@@ -1,0 +1,208 @@
+//! Process mode on real memory: report, then allocate zeroed with verify mode on, for every
+//! backing this machine supports (hugetlb is skipped with a message when none reserved).
+
+use std::time::Duration;
+
+use zeronce::zeronce_mem::{BackingKind, HugePageSize, RamError};
+use zeronce::zeronce_mm::reporting::ReportingConfig;
+use zeronce::zeronce_mm::Zeroing;
+use zeronce::{Error, HostPolicy, Order, ProcessMemory, ReportingSetup};
+
+const SIZE: usize = 32 << 20;
+
+fn order9() -> Order {
+    Order::new(9).unwrap()
+}
+
+/// Reporting with a delay nobody waits for (the tests flush explicitly), and no
+/// watermark gate (32 MiB is under Linux's low watermark + one batch of 64 MiB).
+fn setup(policy: HostPolicy) -> ReportingSetup {
+    ReportingSetup {
+        config: ReportingConfig {
+            delay: Duration::from_secs(3600),
+            watermark_gate: false,
+            ..ReportingConfig::default()
+        },
+        policy,
+        zero_hints: true,
+    }
+}
+
+/// `None` (with a message) when the backing is not available here.
+fn build(kind: BackingKind, policy: HostPolicy) -> Option<ProcessMemory> {
+    let r = ProcessMemory::builder()
+        .size(SIZE)
+        .backing(kind)
+        .verify(true)
+        .fresh_is_zero(false)
+        .reporting(setup(policy))
+        .build();
+    match r {
+        Err(Error::Ram(e @ (RamError::NoHugePages { .. } | RamError::HugetlbPool(_)))) => {
+            eprintln!("skipping {kind:?}: {e}");
+            None
+        }
+        other => Some(other.unwrap()),
+    }
+}
+
+fn kinds() -> [BackingKind; 3] {
+    [
+        BackingKind::Anonymous { thp: true },
+        BackingKind::Memfd,
+        BackingKind::Hugetlb(HugePageSize::Size2M),
+    ]
+}
+
+/// Allocates every free 2 MiB block, fills it with `byte`, frees them all; the count.
+fn dirty_everything(pm: &ProcessMemory, byte: u8) -> usize {
+    let mut blocks = Vec::new();
+    while let Ok(mut b) = pm.alloc(order9()) {
+        b.as_mut_slice().fill(byte);
+        blocks.push(b);
+    }
+    blocks.len()
+}
+
+/// [`dirty_everything`], then a flush that must report and discard it all; the count.
+fn dirty_free_and_flush(pm: &ProcessMemory) -> usize {
+    let n = dirty_everything(pm, 0xA5);
+    let r = pm.flush(u64::MAX).unwrap();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert_eq!(
+        r.stats.pages,
+        SIZE as u64 / 4096,
+        "every free page reported"
+    );
+    // (RSS is not checked here: verify mode reads the discarded pages, which maps the
+    // shared zero page; zeronce-mem's tests check what each discard returns.)
+    assert_eq!(pm.stats().device.unwrap().discarded_bytes, SIZE as u64);
+    n
+}
+
+#[test]
+fn reported_memory_comes_back_zero_without_zeroing_on_every_backing() {
+    for kind in kinds() {
+        let Some(pm) = build(kind, HostPolicy::Immediate) else {
+            continue;
+        };
+        let n = dirty_free_and_flush(&pm);
+        assert_eq!(
+            pm.stats().device.unwrap().zeroed_bytes,
+            SIZE as u64,
+            "{kind:?}"
+        );
+        let blocks: Vec<_> = (0..n).map(|_| pm.alloc_zeroed(order9()).unwrap()).collect();
+        for b in &blocks {
+            // Verify mode already read it; read again through the handle.
+            assert_eq!(b.allocation().zeroing, Zeroing::Skipped, "{kind:?}");
+            assert!(b.as_slice().iter().all(|&x| x == 0), "{kind:?}");
+        }
+        assert_eq!(pm.stats().mm.verify_failures, 0);
+        drop(blocks);
+        pm.manager().check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn lazy_policy_never_claims_zero() {
+    let pm = build(BackingKind::Anonymous { thp: false }, HostPolicy::Lazy).unwrap();
+    dirty_free_and_flush_lazy(&pm);
+    let mut b = pm.alloc_zeroed(order9()).unwrap();
+    assert_eq!(
+        b.allocation().zeroing,
+        Zeroing::Done,
+        "MADV_FREE memory must be zeroed"
+    );
+    assert!(b.as_slice().iter().all(|&x| x == 0));
+    b.as_mut_slice()[0] = 1;
+    assert_eq!(pm.stats().device.unwrap().zeroed_bytes, 0);
+    assert!(matches!(
+        ProcessMemory::builder()
+            .size(SIZE)
+            .backing(BackingKind::Memfd)
+            .reporting(setup(HostPolicy::Lazy))
+            .build(),
+        Err(Error::Policy(_))
+    ));
+}
+
+/// Lazy discards keep RSS until pressure, so only the report itself is checked.
+fn dirty_free_and_flush_lazy(pm: &ProcessMemory) {
+    let blocks: Vec<_> = (0..4)
+        .map(|_| {
+            let mut b = pm.alloc(order9()).unwrap();
+            b.as_mut_slice().fill(0x5A);
+            b
+        })
+        .collect();
+    drop(blocks);
+    let r = pm.flush(u64::MAX).unwrap();
+    assert!(r.error.is_none() && r.stats.zeroed_pages == 0 && r.stats.pages > 0);
+}
+
+#[test]
+fn a_block_taken_back_during_its_hold_is_zeroed_and_the_rest_settles_to_zero() {
+    for kind in kinds() {
+        let Some(pm) = build(kind, HostPolicy::Hold(Duration::ZERO)) else {
+            continue;
+        };
+        let n = dirty_everything(&pm, 0xC3);
+        // Reported, held (still resident with old contents), so not known zero.
+        let r = pm.flush(u64::MAX).unwrap();
+        assert_eq!(
+            (r.stats.pages, r.stats.zeroed_pages),
+            (SIZE as u64 / 4096, 0)
+        );
+        // Taken back during the hold: zeroed by the allocator, truthful.
+        let early = pm.alloc_zeroed(order9()).unwrap();
+        assert_eq!(early.allocation().zeroing, Zeroing::Done, "{kind:?}");
+        assert!(early.as_slice().iter().all(|&x| x == 0));
+        // Hold over: the free held blocks are discarded and become known zero.
+        let s = pm.settle().unwrap();
+        assert!(s.error.is_none());
+        assert_eq!(s.stats.zeroed_pages, (SIZE as u64 / 4096) - 512, "{kind:?}");
+        let rest: Vec<_> = (1..n).map(|_| pm.alloc_zeroed(order9()).unwrap()).collect();
+        assert!(
+            rest.iter()
+                .all(|b| b.allocation().zeroing == Zeroing::Skipped),
+            "{kind:?}"
+        );
+        assert_eq!(pm.stats().device.unwrap().held_bytes, 0);
+        drop((early, rest));
+        pm.manager().check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn the_worker_reports_after_the_delay_without_a_flush() {
+    let pm = ProcessMemory::builder()
+        .size(SIZE)
+        .backing(BackingKind::Anonymous { thp: true })
+        .verify(true)
+        .reporting(ReportingSetup {
+            config: ReportingConfig {
+                delay: Duration::from_millis(10),
+                watermark_gate: false,
+                ..ReportingConfig::default()
+            },
+            ..ReportingSetup::default()
+        })
+        .build()
+        .unwrap();
+    let mut b = pm.alloc(order9()).unwrap();
+    b.as_mut_slice().fill(1);
+    drop(b);
+    // Wait (bounded) for the background pass; no assertion on how long it took.
+    let mut reported = false;
+    for _ in 0..2000 {
+        if pm.stats().mm.reported_pages() == SIZE as u64 / 4096 {
+            reported = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(reported, "the worker never reported the freed block");
+    let b = pm.alloc_zeroed(order9()).unwrap();
+    assert_eq!(b.allocation().zeroing, Zeroing::Skipped);
+}

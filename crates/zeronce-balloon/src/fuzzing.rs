@@ -118,7 +118,21 @@ pub fn run(data: &[u8]) -> FuzzOutcome {
     while !c.0.is_empty() && steps < 256 {
         steps += 1;
         let nq = queues.len().max(1);
-        match c.u8() % 10 {
+        match c.u8() % 12 {
+            10 | 11 => {
+                let q = usize::from(c.u8()) % nq;
+                let kind = dev.layout().and_then(|l| l.kind(q as u16));
+                let bitmap = dev.negotiated().is_some_and(|n| n.inflate_bitmap());
+                let bufs = plausible_request(&mut c, &mem, kind, bitmap);
+                if let Some(dq) = queues.get_mut(q) {
+                    let _ = dq.add_chain(&mem, &bufs);
+                    out.notifications += 1;
+                    if let Ok(r) = dev.process_queue_at(&mem, q as u16, t0) {
+                        out.chains += r.chains;
+                        out.malformed += r.malformed;
+                    }
+                }
+            }
             0 => {
                 let q = usize::from(c.u8()) % nq;
                 let bufs: Vec<DriverBuf> = (0..c.u8() % 5 + 1)
@@ -188,6 +202,54 @@ pub fn run(data: &[u8]) -> FuzzOutcome {
     out.discards = dev.discarder().calls.len();
     check_still_serves(&mut dev, &mem, acked);
     out
+}
+
+/// A request shaped for `kind`, with fuzz-chosen (mostly valid) contents.
+fn plausible_request(
+    c: &mut Cursor<'_>,
+    mem: &GuestMemoryMmap,
+    kind: Option<QueueKind>,
+    bitmap: bool,
+) -> Vec<DriverBuf> {
+    let arr = DATA + 0x1000 * u64::from(c.u8() % 16);
+    match kind {
+        Some(QueueKind::Inflate | QueueKind::Deflate) => {
+            let k = u32::from(c.u8() % 16) + 1;
+            let pfns: Vec<u8> = (0..k)
+                .flat_map(|_| {
+                    let pfn = match c.u8() % 4 {
+                        0 => c.u32(),
+                        1 => 0x800 + u32::from(c.u16() % 1024), // region 1
+                        _ => 0x200 + u32::from(c.u16() % 512),  // region 0, above DATA
+                    };
+                    pfn.to_le_bytes()
+                })
+                .collect();
+            let _ = mem.write_slice(&pfns, GuestAddress(arr));
+            let mut bufs = vec![DriverBuf::read(arr, 4 * k)];
+            if bitmap && kind == Some(QueueKind::Inflate) {
+                bufs.push(DriverBuf::write(DATA + 0x10_000, k.div_ceil(8)));
+            }
+            bufs
+        }
+        Some(QueueKind::Stats) => {
+            let k = usize::from(c.u8() % 8);
+            let bytes: Vec<u8> = (0..k)
+                .flat_map(|_| {
+                    let tag = u16::from(c.u8() % 20).to_le_bytes();
+                    tag.into_iter().chain(c.u64().to_le_bytes())
+                })
+                .collect();
+            let _ = mem.write_slice(&bytes, GuestAddress(arr));
+            vec![DriverBuf::read(arr, bytes.len() as u32)]
+        }
+        _ => (0..c.u8() % 4 + 1)
+            .map(|_| {
+                let at = REGIONS[1].0 + 0x1000 * u64::from(c.u16() % 1024);
+                DriverBuf::write(at, 0x1000 * (u32::from(c.u8() % 16) + 1))
+            })
+            .collect(),
+    }
 }
 
 /// Negotiates `acked` and activates fresh queues; returns the driver side.

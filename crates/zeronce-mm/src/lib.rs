@@ -36,6 +36,7 @@
 
 mod error;
 mod manager;
+mod pcp;
 pub mod reporting;
 mod stats;
 mod types;
@@ -49,6 +50,7 @@ pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, ReportNotifier, ReportVerdict,
     Zeroing,
 };
+pub use pcp::{PcpCache, PCP_MAX_ORDER};
 pub use stats::{FreeCounts, Stats, ZoneInfo};
 pub use types::{
     Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,

@@ -7,8 +7,10 @@ use crate::error::{
 use crate::stats::{FreeCounts, Stats, ZoneInfo};
 use crate::types::{
     Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,
+    NR_ORDERS,
 };
 use crate::zeroing::Zeroer;
+use crate::zone::tags::TagTable;
 use crate::zone::{IsolatedBlock, Zone, UNREPORTED_STATES};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -33,6 +35,12 @@ pub struct MmConfig {
     /// Low watermark in pages for every zone; `None`: Linux's formula per zone
     /// (`min_free_kbytes = sqrt(16 × zone KiB)` clamped to 128 KiB–256 MiB, low = min × 5/4).
     pub low_watermark_pages: Option<u64>,
+    /// Per-thread cache ([`crate::PcpCache`]): most pages one cache list (one zone, one
+    /// order) may hold before it gives a batch back (Linux `pcp->high`). Default 512.
+    pub pcp_high_pages: u64,
+    /// Pages a per-thread cache list takes from or gives back to its zone at once (Linux
+    /// `pcp->batch`). Default 128.
+    pub pcp_batch_pages: u64,
 }
 
 impl MmConfig {
@@ -45,6 +53,8 @@ impl MmConfig {
             verify: false,
             initial_state: FreeState::DIRTY,
             low_watermark_pages: None,
+            pcp_high_pages: 512,
+            pcp_batch_pages: 128,
         }
     }
 
@@ -138,8 +148,12 @@ pub type ReportNotifier = Box<dyn Fn(ZoneId) + Send + Sync>;
 
 /// Manager-wide counters updated outside the zone locks.
 #[derive(Default)]
-struct Counters {
-    alloc_failures: AtomicU64,
+pub(crate) struct Counters {
+    /// Allocations served by per-thread caches (flushed at their batch points).
+    pub(crate) cached_allocs: [AtomicU64; NR_ORDERS],
+    /// Frees into per-thread caches (flushed at their batch points).
+    pub(crate) cached_frees: [AtomicU64; NR_ORDERS],
+    pub(crate) alloc_failures: AtomicU64,
     zero_requests: AtomicU64,
     zero_requests_skipped: AtomicU64,
     bytes_zeroed: AtomicU64,
@@ -148,9 +162,16 @@ struct Counters {
 }
 
 /// A zone and what is read about it without its lock.
-struct ZoneSlot {
-    range: PageRange,
-    zone: Mutex<Zone>,
+pub(crate) struct ZoneSlot {
+    /// The zone's pages.
+    pub(crate) range: PageRange,
+    /// The zone itself.
+    pub(crate) zone: Mutex<Zone>,
+    /// The zone's frame tags, also reachable without the lock (per-thread caches).
+    pub(crate) tags: Arc<TagTable>,
+    /// Pages held by per-thread caches as of their last batch point (two's complement sum
+    /// of signed deltas).
+    pub(crate) cached_pages: AtomicU64,
     /// Frees of a reportable order so far (the engine's wake-up generation).
     reportable_frees: AtomicU64,
 }
@@ -159,15 +180,15 @@ struct ZoneSlot {
 /// `Send + Sync`; one mutex per zone. See the crate docs for the rules.
 pub struct MemoryManager {
     config: MmConfig,
-    zones: Vec<ZoneSlot>,
+    pub(crate) zones: Vec<ZoneSlot>,
     zeroer: Arc<dyn Zeroer>,
-    counters: Counters,
+    pub(crate) counters: Counters,
     notifier: OnceLock<ReportNotifier>,
 }
 
 /// Locks a zone. A panic while holding it (only possible in a user `Zeroer` in verify mode,
 /// which runs between consistent states) does not make the state unusable.
-fn lock(slot: &ZoneSlot) -> MutexGuard<'_, Zone> {
+pub(crate) fn lock(slot: &ZoneSlot) -> MutexGuard<'_, Zone> {
     slot.zone
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -213,6 +234,8 @@ impl MemoryManager {
                 );
                 ZoneSlot {
                     range,
+                    tags: zone.tags().clone(),
+                    cached_pages: AtomicU64::new(0),
                     zone: Mutex::new(zone),
                     reportable_frees: AtomicU64::new(0),
                 }
@@ -276,7 +299,7 @@ impl MemoryManager {
     }
 
     /// `post_alloc_hook`: zero (outside the lock) unless not requested or known zero.
-    fn prepare(
+    pub(crate) fn prepare(
         &self,
         slot: &ZoneSlot,
         zone: ZoneId,
@@ -357,7 +380,7 @@ impl MemoryManager {
     }
 
     /// Bumps the reportable generation and calls the notifier.
-    fn notify_reportable(&self, slot: &ZoneSlot) {
+    pub(crate) fn notify_reportable(&self, slot: &ZoneSlot) {
         slot.reportable_frees.fetch_add(1, Relaxed);
         if let Some(notify) = self.notifier.get() {
             if let Some(i) = self.zones.iter().position(|z| std::ptr::eq(z, slot)) {
@@ -370,6 +393,8 @@ impl MemoryManager {
     pub fn stats(&self) -> Stats {
         let c = &self.counters;
         let mut s = Stats {
+            allocs: std::array::from_fn(|o| c.cached_allocs[o].load(Relaxed)),
+            frees: std::array::from_fn(|o| c.cached_frees[o].load(Relaxed)),
             alloc_failures: c.alloc_failures.load(Relaxed),
             zero_requests: c.zero_requests.load(Relaxed),
             zero_requests_skipped: c.zero_requests_skipped.load(Relaxed),
@@ -387,8 +412,11 @@ impl MemoryManager {
                 s.allocs[o] += zone.counters.allocs[o];
                 s.frees[o] += zone.counters.frees[o];
             }
+            drop(zone);
+            let info = self.with_cached(slot, info);
             s.isolated_pages += info.isolated_pages;
             s.allocated_pages += info.allocated_pages;
+            s.cached_pages += info.cached_pages;
         }
         s
     }
@@ -410,7 +438,17 @@ impl MemoryManager {
     /// Snapshot of a zone: free and isolated pages, low watermark, `nr_free` per order and
     /// state. `None` for an unknown zone.
     pub fn zone_info(&self, zone: ZoneId) -> Option<ZoneInfo> {
-        Some(lock(self.zones.get(zone.0)?).info())
+        let slot = self.zones.get(zone.0)?;
+        let info = lock(slot).info();
+        Some(self.with_cached(slot, info))
+    }
+
+    /// Moves the pages per-thread caches hold from `allocated` to `cached`.
+    fn with_cached(&self, slot: &ZoneSlot, mut info: ZoneInfo) -> ZoneInfo {
+        let cached = slot.cached_pages.load(Relaxed).min(info.allocated_pages);
+        info.cached_pages = cached;
+        info.allocated_pages -= cached;
+        info
     }
 
     /// Free blocks per state of one order in a zone (O(1); for the engine's budget).

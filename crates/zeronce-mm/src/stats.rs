@@ -68,8 +68,11 @@ pub struct ZoneInfo {
     pub free_pages: u64,
     /// Pages isolated for reporting.
     pub isolated_pages: u64,
-    /// Pages allocated.
+    /// Pages allocated (per-thread cache pages excluded).
     pub allocated_pages: u64,
+    /// Pages held free by per-thread caches, as of their last refill/drain (Linux counts
+    /// pcp pages per CPU the same way; exact once the caches are drained).
+    pub cached_pages: u64,
     /// Low watermark in pages: the reporting engine should skip the zone while
     /// `free_pages < low_watermark + one batch` (DESIGN §4).
     pub low_watermark: u64,
@@ -107,8 +110,10 @@ pub struct Stats {
     pub free_pages: [FreeCounts; NR_ORDERS],
     /// Pages isolated for reporting.
     pub isolated_pages: u64,
-    /// Pages allocated.
+    /// Pages allocated (per-thread cache pages excluded).
     pub allocated_pages: u64,
+    /// Pages held free by per-thread caches, as of their last refill/drain.
+    pub cached_pages: u64,
     /// Pages managed.
     pub total_pages: u64,
 }

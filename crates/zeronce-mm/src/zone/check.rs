@@ -1,6 +1,7 @@
 //! The zone invariant checker: a full walk of the frame table and of every free list.
 
-use super::free_lists::{Tag, NIL};
+use super::free_lists::NIL;
+use super::tags::Tag;
 use super::Zone;
 use crate::error::InvariantViolation;
 use crate::types::{FreeState, Order, PageRange, Pfn, NR_ORDERS};
@@ -18,12 +19,12 @@ impl Zone {
                 what,
             })
         };
-        let (mut free, mut allocated, mut isolated) = (0u64, 0u64, 0u64);
+        let (mut free, mut allocated, mut isolated, mut cached) = (0u64, 0u64, 0u64, 0u64);
         let mut heads = [[0u64; 4]; NR_ORDERS];
         let mut i = 0usize;
-        while i < self.frames.len() {
+        while i < self.tags.len() {
             let pfn = self.pfn(i as u32);
-            let order = match self.frames[i].tag {
+            let order = match self.tags.get(i as u32) {
                 Tag::Tail => return fail(format!("{pfn} is a tail outside any block")),
                 Tag::Free { order, state } => {
                     free += order.pages();
@@ -39,15 +40,23 @@ impl Zone {
                     isolated += order.pages();
                     order
                 }
+                // Free in a per-thread cache: neither on the lists nor allocated.
+                Tag::Cached { order, state } => {
+                    if state.known_zero {
+                        return fail(format!("cached block at {pfn} claims known zero"));
+                    }
+                    cached += order.pages();
+                    order
+                }
             };
             if order > self.max_order || !pfn.is_aligned(order) {
                 return fail(format!("block at {pfn} has bad {order}"));
             }
             let end = i + order.pages() as usize;
-            if end > self.frames.len() {
+            if end > self.tags.len() {
                 return fail(format!("block at {pfn} {order} crosses the zone end"));
             }
-            if let Some(j) = (i + 1..end).find(|&j| self.frames[j].tag != Tag::Tail) {
+            if let Some(j) = (i + 1..end).find(|&j| self.tags.get(j as u32) != Tag::Tail) {
                 return fail(format!(
                     "{} is in two blocks (inside {pfn} {order})",
                     self.pfn(j as u32)
@@ -61,9 +70,9 @@ impl Zone {
                 self.free_pages, self.isolated_pages
             ));
         }
-        if free + allocated + isolated != self.range.pages {
+        if free + allocated + isolated + cached != self.range.pages {
             return fail(format!(
-                "free {free} + allocated {allocated} + isolated {isolated} != total"
+                "free {free} + allocated {allocated} + isolated {isolated} + cached {cached} != total"
             ));
         }
         for order in Order::ZERO.up_to(self.max_order) {
@@ -86,7 +95,7 @@ impl Zone {
         {
             return Ok(());
         }
-        match self.frames[self.idx(buddy) as usize].tag {
+        match self.tags.get(self.idx(buddy)) {
             Tag::Free { order: o, .. } if o == order => Err(InvariantViolation {
                 zone: self.id,
                 what: format!("free buddies {pfn} and {buddy} of {order} not merged"),
@@ -110,8 +119,8 @@ impl Zone {
             })
         };
         let mut n = 0u64;
-        for (idx, stored_prev, real_prev) in self.lists.walk(&self.frames, order, state) {
-            if self.frames[idx as usize].tag != (Tag::Free { order, state }) {
+        for (idx, stored_prev, real_prev) in self.lists.walk(&self.links, order, state) {
+            if self.tags.get(idx) != (Tag::Free { order, state }) {
                 return fail(format!(
                     "{} on list ({order}, {state:?}) is not such a free head",
                     self.pfn(idx)
@@ -134,7 +143,7 @@ impl Zone {
         if self
             .lists
             .head(order, state)
-            .is_some_and(|h| self.frames[h as usize].prev != NIL)
+            .is_some_and(|h| self.links[h as usize].prev != NIL)
         {
             return fail(format!("head of ({order}, {state:?}) has a prev link"));
         }

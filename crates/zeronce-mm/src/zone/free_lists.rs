@@ -9,52 +9,24 @@
 //! which orders have a non-empty list, so "the smallest order >= o with a block in state s"
 //! is one `trailing_zeros`.
 
+use super::tags::{Tag, TagTable};
 use crate::types::{FreeState, Order, NR_ORDERS};
 
 /// "No frame": end of a list.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// What a frame is, seen from the buddy allocator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Tag {
-    /// Not the first frame of a block: its block is found by looking at aligned heads below.
-    Tail,
-    /// First frame of a free block on the free list (`order`, `state`).
-    Free {
-        /// Block size.
-        order: Order,
-        /// What is known about the block.
-        state: FreeState,
-    },
-    /// First frame of a block handed out by `alloc`.
-    Allocated {
-        /// Block size.
-        order: Order,
-    },
-    /// First frame of a free block taken off the free lists for reporting.
-    Isolated {
-        /// Block size.
-        order: Order,
-        /// State it had when isolated (kept for the put-back verdict).
-        state: FreeState,
-    },
-}
-
-/// One entry of the frame table: 12 bytes per 4 KiB page.
+/// List links of one frame (meaningful only while it heads a free block on a list).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Frame {
-    /// Role of the frame.
-    pub tag: Tag,
-    /// Previous free block in the same list (only meaningful for `Tag::Free`).
+pub(crate) struct Link {
+    /// Previous free block in the same list.
     pub prev: u32,
-    /// Next free block in the same list (only meaningful for `Tag::Free`).
+    /// Next free block in the same list.
     pub next: u32,
 }
 
-impl Frame {
-    /// A frame inside some block.
-    pub const TAIL: Frame = Frame {
-        tag: Tag::Tail,
+impl Link {
+    /// Not on any list.
+    pub const NONE: Link = Link {
         prev: NIL,
         next: NIL,
     };
@@ -83,16 +55,23 @@ impl FreeLists {
 
     /// Marks frame `idx` as the head of a free block and pushes it at the front of its list
     /// (LIFO, as Linux: the most recently freed block is the most likely cache-hot).
-    pub fn push(&mut self, frames: &mut [Frame], idx: u32, order: Order, state: FreeState) {
+    pub fn push(
+        &mut self,
+        tags: &TagTable,
+        links: &mut [Link],
+        idx: u32,
+        order: Order,
+        state: FreeState,
+    ) {
         let (o, s) = (order.index(), state.index());
         let old = self.heads[o][s];
-        frames[idx as usize] = Frame {
-            tag: Tag::Free { order, state },
+        tags.set(idx, Tag::Free { order, state });
+        links[idx as usize] = Link {
             prev: NIL,
             next: old,
         };
         if old != NIL {
-            frames[old as usize].prev = idx;
+            links[old as usize].prev = idx;
         }
         self.heads[o][s] = idx;
         self.counts[o][s] += 1;
@@ -101,20 +80,19 @@ impl FreeLists {
 
     /// Unlinks free block `idx` (which must be on list (order, state)) in O(1). Leaves its
     /// tag for the caller to overwrite.
-    pub fn remove(&mut self, frames: &mut [Frame], idx: u32, order: Order, state: FreeState) {
+    pub fn remove(&mut self, links: &mut [Link], idx: u32, order: Order, state: FreeState) {
         let (o, s) = (order.index(), state.index());
-        let Frame { prev, next, .. } = frames[idx as usize];
+        let Link { prev, next } = links[idx as usize];
         if prev == NIL {
             // It was the head: the list now starts at its successor.
             self.heads[o][s] = next;
         } else {
-            frames[prev as usize].next = next;
+            links[prev as usize].next = next;
         }
         if next != NIL {
-            frames[next as usize].prev = prev;
+            links[next as usize].prev = prev;
         }
-        frames[idx as usize].prev = NIL;
-        frames[idx as usize].next = NIL;
+        links[idx as usize] = Link::NONE;
         self.counts[o][s] -= 1;
         if self.counts[o][s] == 0 {
             self.nonempty[s] &= !(1 << o);
@@ -122,12 +100,12 @@ impl FreeLists {
     }
 
     /// Unlinks and returns the first block of list (order, state), if any.
-    pub fn pop(&mut self, frames: &mut [Frame], order: Order, state: FreeState) -> Option<u32> {
+    pub fn pop(&mut self, links: &mut [Link], order: Order, state: FreeState) -> Option<u32> {
         let head = self.heads[order.index()][state.index()];
         if head == NIL {
             return None;
         }
-        self.remove(frames, head, order, state);
+        self.remove(links, head, order, state);
         Some(head)
     }
 
@@ -166,9 +144,9 @@ impl FreeLists {
     }
 
     /// Walks list (order, state) in order; used by the invariant checker.
-    pub fn walk<'a>(&self, frames: &'a [Frame], order: Order, state: FreeState) -> ListWalk<'a> {
+    pub fn walk<'a>(&self, links: &'a [Link], order: Order, state: FreeState) -> ListWalk<'a> {
         ListWalk {
-            frames,
+            links,
             cur: self.heads[order.index()][state.index()],
             prev: NIL,
             steps: 0,
@@ -178,7 +156,7 @@ impl FreeLists {
 
 /// Iterator over a free list; yields `(idx, prev link as stored, expected prev)`.
 pub(crate) struct ListWalk<'a> {
-    frames: &'a [Frame],
+    links: &'a [Link],
     cur: u32,
     prev: u32,
     steps: usize,
@@ -188,14 +166,14 @@ impl Iterator for ListWalk<'_> {
     type Item = (u32, u32, u32);
     fn next(&mut self) -> Option<Self::Item> {
         // Bounded by the table size, so a corrupted (cyclic) list cannot loop forever.
-        if self.cur == NIL || self.steps > self.frames.len() {
+        if self.cur == NIL || self.steps > self.links.len() {
             return None;
         }
         let idx = self.cur;
-        let frame = self.frames.get(idx as usize)?;
-        let item = (idx, frame.prev, self.prev);
+        let link = self.links.get(idx as usize)?;
+        let item = (idx, link.prev, self.prev);
         self.prev = idx;
-        self.cur = frame.next;
+        self.cur = link.next;
         self.steps += 1;
         Some(item)
     }

@@ -6,11 +6,14 @@
 
 mod check;
 pub(crate) mod free_lists;
+pub(crate) mod tags;
 
 use crate::error::FreeError;
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
-use free_lists::{Frame, FreeLists, Tag};
+use free_lists::{FreeLists, Link};
+use std::sync::Arc;
+use tags::{Tag, TagTable};
 
 /// States a zero-request prefers: known zero (resident first, then reported).
 const ZERO_STATES: [FreeState; 2] = [FreeState::ZERO, FreeState::REPORTED_ZERO];
@@ -48,8 +51,10 @@ pub(crate) struct Zone {
     /// Low watermark in pages (the reporting engine skips the zone below it).
     pub low_watermark: u64,
     /// One entry per page of `range`.
-    frames: Vec<Frame>,
-    /// Free lists threaded through `frames`.
+    tags: Arc<TagTable>,
+    /// List links, one per page (beside the pages, never in them).
+    links: Vec<Link>,
+    /// Free lists threaded through `links`.
     lists: FreeLists,
     /// Pages in free blocks on the lists.
     free_pages: u64,
@@ -74,7 +79,8 @@ impl Zone {
             range,
             max_order,
             low_watermark,
-            frames: vec![Frame::TAIL; range.pages as usize],
+            tags: Arc::new(TagTable::new(range.pages as usize)),
+            links: vec![Link::NONE; range.pages as usize],
             lists: FreeLists::new(),
             free_pages: 0,
             isolated_pages: 0,
@@ -90,7 +96,8 @@ impl Zone {
             let order =
                 Order::new(align.min(fit).min(max_order.get() as u32) as u8).unwrap_or(max_order);
             let idx = zone.idx(Pfn(pfn));
-            zone.lists.push(&mut zone.frames, idx, order, initial);
+            zone.lists
+                .push(&zone.tags, &mut zone.links, idx, order, initial);
             zone.free_pages += order.pages();
             pfn += order.pages();
         }
@@ -118,21 +125,29 @@ impl Zone {
         } else {
             (&DIRTY_STATES, &ZERO_STATES)
         };
-        let (mut cur, state) = self
-            .lists
-            .smallest(prefer, order, self.max_order)
-            .or_else(|| self.lists.smallest(fallback, order, self.max_order))?;
-        let idx = self.lists.pop(&mut self.frames, cur, state)?;
+        let (idx, state) = self
+            .pop_split(prefer, order)
+            .or_else(|| self.pop_split(fallback, order))?;
+        self.tags.set(idx, Tag::Allocated { order });
+        self.counters.allocs[order.index()] += 1;
+        Some((Block::new(self.pfn(idx), order), state))
+    }
+
+    /// `__rmqueue_smallest`: takes the block of the smallest order >= `order` in one of
+    /// `states` (first state wins at equal order) off its list and splits it down to
+    /// `order`. Returns the head index (its tag is the caller's to set) and state.
+    fn pop_split(&mut self, states: &[FreeState], order: Order) -> Option<(u32, FreeState)> {
+        let (mut cur, state) = self.lists.smallest(states, order, self.max_order)?;
+        let idx = self.lists.pop(&mut self.links, cur, state)?;
         // expand(): keep the lower half, give the upper half back; halves inherit the state.
         while cur > order {
             cur = cur.lower()?;
             let upper = idx + cur.pages() as u32;
-            self.lists.push(&mut self.frames, upper, cur, state);
+            self.lists
+                .push(&self.tags, &mut self.links, upper, cur, state);
         }
-        self.frames[idx as usize].tag = Tag::Allocated { order };
         self.free_pages -= order.pages();
-        self.counters.allocs[order.index()] += 1;
-        Some((Block::new(self.pfn(idx), order), state))
+        Some((idx, state))
     }
 
     /// Undoes [`Zone::take`] for a block that must not be handed out after all (verify
@@ -143,6 +158,53 @@ impl Zone {
         self.merge_insert(block, state);
     }
 
+    /// The tag table, shared with per-thread caches.
+    pub fn tags(&self) -> &Arc<TagTable> {
+        &self.tags
+    }
+
+    /// Refills a per-thread cache (`rmqueue_bulk`): takes up to `n` blocks of `order` from
+    /// the *dirty* lists only (smallest order first, splitting; halves inherit), tags them
+    /// cached and appends them to `out`. Known-zero blocks are never cached, so the cache
+    /// cannot waste them on non-zero requests. Returns how many were taken.
+    pub fn take_for_cache(
+        &mut self,
+        order: Order,
+        n: usize,
+        out: &mut Vec<(Pfn, FreeState)>,
+    ) -> usize {
+        let mut taken = 0;
+        while taken < n {
+            let Some((idx, state)) = self.pop_split(&DIRTY_STATES, order) else {
+                break;
+            };
+            self.tags.set(idx, Tag::Cached { order, state });
+            out.push((self.pfn(idx), state));
+            taken += 1;
+        }
+        taken
+    }
+
+    /// Takes back a block from a per-thread cache (`free_pcppages_bulk`): it goes on the
+    /// free lists in `state`, merged. Returns the merged block and state, or `None` (and
+    /// changes nothing) if the frame is not a cached block of that order.
+    pub fn return_from_cache(
+        &mut self,
+        pfn: Pfn,
+        order: Order,
+        state: FreeState,
+    ) -> Option<(Block, FreeState)> {
+        if !self.range.contains(pfn) {
+            return None;
+        }
+        let idx = self.idx(pfn);
+        self.tags
+            .swap_if(idx, Tag::Cached { order, state }, Tag::Tail)
+            .ok()?;
+        self.free_pages += order.pages();
+        Some(self.merge_insert(Block::new(pfn, order), state))
+    }
+
     /// The block whose first frame is at or below `pfn` and covers it, with its tag.
     fn containing(&self, pfn: Pfn) -> Option<(Block, Tag)> {
         for order in Order::ZERO.up_to(self.max_order) {
@@ -150,12 +212,9 @@ impl Zone {
             if head < self.range.start {
                 break;
             }
-            let tag = self.frames[self.idx(head) as usize].tag;
-            let head_order = match tag {
-                Tag::Tail => continue,
-                Tag::Free { order, .. }
-                | Tag::Allocated { order }
-                | Tag::Isolated { order, .. } => order,
+            let tag = self.tags.get(self.idx(head));
+            let Some(head_order) = tag.order() else {
+                continue;
             };
             if head.0 + head_order.pages() > pfn.0 {
                 return Some((Block::new(head, head_order), tag));
@@ -194,7 +253,10 @@ impl Zone {
                 block,
                 allocated: found,
             }),
-            Tag::Free { .. } => Err(FreeError::DoubleFree { block, free: found }),
+            // Free on a list or in a per-thread cache: freed already.
+            Tag::Free { .. } | Tag::Cached { .. } => {
+                Err(FreeError::DoubleFree { block, free: found })
+            }
             Tag::Isolated { .. } => Err(FreeError::Isolated {
                 block,
                 isolated: found,
@@ -212,6 +274,16 @@ impl Zone {
         state: FreeState,
     ) -> Result<(Block, FreeState), FreeError> {
         self.check_allocated(block)?;
+        let idx = self.idx(block.pfn);
+        // A per-thread cache may free the same block concurrently (a caller bug): exactly
+        // one of the two compare-and-swaps wins, the other reports the double free.
+        if self
+            .tags
+            .swap_if(idx, Tag::Allocated { order: block.order }, Tag::Tail)
+            .is_err()
+        {
+            self.check_allocated(block)?;
+        }
         self.counters.frees[block.order.index()] += 1;
         self.free_pages += block.order.pages();
         Ok(self.merge_insert(block, state))
@@ -235,7 +307,7 @@ impl Zone {
             let Tag::Free {
                 order: b_order,
                 state: b_state,
-            } = self.frames[bidx as usize].tag
+            } = self.tags.get(bidx)
             else {
                 // Buddy allocated, isolated, or a tail of something: stop here.
                 break;
@@ -244,18 +316,19 @@ impl Zone {
                 // Buddy's head is free but split smaller: its other parts are not free.
                 break;
             }
-            self.lists.remove(&mut self.frames, bidx, b_order, b_state);
+            self.lists.remove(&mut self.links, bidx, b_order, b_state);
             // DESIGN §3: known_zero = a ∧ b, reported = a ∧ b.
             state = state.merge(b_state);
             // The upper buddy's head frame becomes a tail of the merged block.
             let upper = pfn.max(buddy);
             let uidx = self.idx(upper);
-            self.frames[uidx as usize] = Frame::TAIL;
+            self.tags.set(uidx, Tag::Tail);
             pfn = pfn.min(buddy);
             order = order.higher().unwrap_or(order);
         }
         let idx = self.idx(pfn);
-        self.lists.push(&mut self.frames, idx, order, state);
+        self.lists
+            .push(&self.tags, &mut self.links, idx, order, state);
         (Block::new(pfn, order), state)
     }
 
@@ -278,10 +351,10 @@ impl Zone {
         for order in min_order.up_to(max_order) {
             for &state in states {
                 while out.len() < max_blocks {
-                    let Some(idx) = self.lists.pop(&mut self.frames, order, state) else {
+                    let Some(idx) = self.lists.pop(&mut self.links, order, state) else {
                         break;
                     };
-                    self.frames[idx as usize].tag = Tag::Isolated { order, state };
+                    self.tags.set(idx, Tag::Isolated { order, state });
                     self.free_pages -= order.pages();
                     self.isolated_pages += order.pages();
                     out.push(IsolatedBlock {
@@ -299,7 +372,7 @@ impl Zone {
         if !self.range.contains_range(&block.range()) || !block.is_aligned() {
             return None;
         }
-        match self.frames[self.idx(block.pfn) as usize].tag {
+        match self.tags.get(self.idx(block.pfn)) {
             Tag::Isolated { order, state } if order == block.order => Some(state),
             _ => None,
         }
@@ -337,12 +410,13 @@ impl Zone {
     /// (reported unchanged). Moves it to the matching list.
     pub fn set_known_zero(&mut self, block: Block, state: FreeState) {
         let idx = self.idx(block.pfn);
-        self.lists.remove(&mut self.frames, idx, block.order, state);
+        self.lists.remove(&mut self.links, idx, block.order, state);
         let zero = FreeState {
             known_zero: true,
             ..state
         };
-        self.lists.push(&mut self.frames, idx, block.order, zero);
+        self.lists
+            .push(&self.tags, &mut self.links, idx, block.order, zero);
     }
 
     /// Snapshot for the reporting engine and stats.
@@ -360,6 +434,7 @@ impl Zone {
             free_pages: self.free_pages,
             isolated_pages: self.isolated_pages,
             allocated_pages: self.range.pages - self.free_pages - self.isolated_pages,
+            cached_pages: 0,
             low_watermark: self.low_watermark,
             nr_free,
         }

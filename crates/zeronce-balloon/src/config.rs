@@ -124,10 +124,21 @@ mod tests {
         for (off, len) in [(16u64, 1usize), (13, 4), (u64::MAX, 2), (0, 17)] {
             let mut b = vec![0xeeu8; len];
             let e = c.read(off, &mut b).unwrap_err();
-            assert_eq!(e.kind(), Some(MalformedKind::ConfigOutOfRange), "{off}+{len}");
-            assert!(b.iter().all(|&x| x == 0xee), "failed read left the buffer alone");
+            assert_eq!(
+                e.kind(),
+                Some(MalformedKind::ConfigOutOfRange),
+                "{off}+{len}"
+            );
+            assert!(
+                b.iter().all(|&x| x == 0xee),
+                "failed read left the buffer alone"
+            );
             let e = c.write(off, &vec![1; len]).unwrap_err();
-            assert_eq!(e.kind(), Some(MalformedKind::ConfigOutOfRange), "{off}+{len}");
+            assert_eq!(
+                e.kind(),
+                Some(MalformedKind::ConfigOutOfRange),
+                "{off}+{len}"
+            );
         }
         for (off, len) in [(0u64, 4usize), (3, 2), (8, 1), (11, 2)] {
             let e = c.write(off, &vec![1; len]).unwrap_err();

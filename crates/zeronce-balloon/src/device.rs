@@ -193,7 +193,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 needed: layout.len(),
             });
         }
-        self.state = State::Active { neg, layout, queues };
+        self.state = State::Active {
+            neg,
+            layout,
+            queues,
+        };
         Ok(())
     }
 
@@ -322,7 +326,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let (kind, neg) = match &self.state {
             State::Reset => Err(NotReadyReason::FeaturesNotNegotiated),
             State::FeaturesOk(_) => Err(NotReadyReason::DriverNotOk),
-            State::Active { neg, layout, queues } => match layout.kind(index) {
+            State::Active {
+                neg,
+                layout,
+                queues,
+            } => match layout.kind(index) {
                 None => return Err(self.refuse(BalloonError::UnknownQueue { index })),
                 Some(_) if !queues[usize::from(index)].is_valid(mem) => {
                     Err(NotReadyReason::QueueNotReady)
@@ -393,7 +401,8 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, kind, descs, neg.inflate_bitmap())?;
                 self.metrics.pages_inflated.add(req.pfns.len() as u64);
-                let (plan, errs) = inflate::plan(mem, &mut self.discarder, &mut self.partial, &req.pfns);
+                let (plan, errs) =
+                    inflate::plan(mem, &mut self.discarder, &mut self.partial, &req.pfns);
                 self.metrics.discard_errors.add(errs);
                 Work::Inflate {
                     plan,
@@ -439,7 +448,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     }
 
     /// Holds stats buffer `head`, returning a previously held one (driver violation).
-    fn hold_stats<M: GuestMemoryBackend>(&mut self, mem: &M, index: u16, head: u16) -> Result<(), BalloonError> {
+    fn hold_stats<M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        index: u16,
+        head: u16,
+    ) -> Result<(), BalloonError> {
         if let Some(old) = self.stats_head.replace(head) {
             self.refuse(BalloonError::StatsOverflow);
             self.push_used(mem, index, &[(old, 0)])?;
@@ -475,7 +489,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let policy = self.options.policy;
         let allowed = self.options.zero_promises;
         match work {
-            Work::Inflate { plan, n_pfns, bitmap } => {
+            Work::Inflate {
+                plan,
+                n_pfns,
+                bitmap,
+            } => {
                 let promise = allowed && neg.init_on_inflate(poison);
                 let r = execute(plan, policy, promise, mem, &mut self.discarder);
                 self.metrics.bytes_discarded.add(r.bytes);
@@ -520,8 +538,9 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let Some(neg) = self.negotiated().filter(|_| self.is_active()) else {
             return Ok(0);
         };
-        let (due, keep): (Vec<Held>, Vec<Held>) =
-            std::mem::take(&mut self.held).into_iter().partition(|h| h.deadline <= now);
+        let (due, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.deadline <= now);
         self.held = keep;
         for h in &due {
             let len = self.complete(mem, neg, &h.work);
@@ -530,7 +549,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         Ok(due.len())
     }
 
-    fn push_used<M: GuestMemoryBackend>(&mut self, mem: &M, index: u16, used: &[(u16, u32)]) -> Result<(), BalloonError> {
+    fn push_used<M: GuestMemoryBackend>(
+        &mut self,
+        mem: &M,
+        index: u16,
+        used: &[(u16, u32)],
+    ) -> Result<(), BalloonError> {
         let State::Active { queues, .. } = &mut self.state else {
             return Ok(());
         };

@@ -66,8 +66,11 @@ impl DiscardPolicy {
 /// real guest memory by [`MmapDiscarder`], and by a recording mock for tests.
 pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
     /// The backing of the region starting at `region_start`.
-    fn backing(&mut self, mem: &M, region_start: GuestAddress)
-        -> Result<Backing, GuestDiscardError>;
+    fn backing(
+        &mut self,
+        mem: &M,
+        region_start: GuestAddress,
+    ) -> Result<Backing, GuestDiscardError>;
 
     /// Discards `[gpa, gpa + len)` (inside one region, aligned to `backing`'s page size).
     fn discard(
@@ -80,7 +83,12 @@ pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
     ) -> Result<(), GuestDiscardError>;
 
     /// Pre-faults `[gpa, gpa + len)` after a deflate (only called when configured).
-    fn prefault(&mut self, _mem: &M, _gpa: GuestAddress, _len: u64) -> Result<(), GuestDiscardError> {
+    fn prefault(
+        &mut self,
+        _mem: &M,
+        _gpa: GuestAddress,
+        _len: u64,
+    ) -> Result<(), GuestDiscardError> {
         Ok(())
     }
 }
@@ -245,7 +253,10 @@ mod tests {
     fn hold_deadline_only_for_held() {
         let now = Instant::now();
         let d = Duration::from_millis(5);
-        assert_eq!(hold_deadline(DiscardPolicy::Held { delay: d }, now), Some(now + d));
+        assert_eq!(
+            hold_deadline(DiscardPolicy::Held { delay: d }, now),
+            Some(now + d)
+        );
         assert_eq!(hold_deadline(DiscardPolicy::Immediate, now), None);
         assert_eq!(hold_deadline(DiscardPolicy::Lazy, now), None);
     }

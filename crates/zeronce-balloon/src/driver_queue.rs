@@ -66,7 +66,11 @@ impl DriverQueue {
     }
 
     /// Lays out a queue of `size` (a power of two ≤ 32768) at `base` and zeroes its rings.
-    pub fn new<M: GuestMemory>(mem: &M, base: GuestAddress, size: u16) -> Result<Self, GuestMemoryError> {
+    pub fn new<M: GuestMemory>(
+        mem: &M,
+        base: GuestAddress,
+        size: u16,
+    ) -> Result<Self, GuestMemoryError> {
         let n = u64::from(size);
         let avail = GuestAddress(base.0 + 16 * n);
         let used = GuestAddress((avail.0 + 6 + 2 * n).div_ceil(4) * 4);
@@ -122,12 +126,17 @@ impl DriverQueue {
     }
 
     /// Adds a chain of `bufs` and makes it available; returns its head index.
-    pub fn add_chain<M: GuestMemory>(&mut self, mem: &M, bufs: &[DriverBuf]) -> Result<u16, GuestMemoryError> {
+    pub fn add_chain<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        bufs: &[DriverBuf],
+    ) -> Result<u16, GuestMemoryError> {
         let head = self.next_desc;
         for (i, b) in bufs.iter().enumerate() {
             let index = (self.next_desc + i as u16) % self.size;
             let last = i + 1 == bufs.len();
-            let flags = if b.writable { DESC_F_WRITE } else { 0 } | if last { 0 } else { DESC_F_NEXT };
+            let flags =
+                if b.writable { DESC_F_WRITE } else { 0 } | if last { 0 } else { DESC_F_NEXT };
             self.write_desc(mem, index, b.addr, b.len, flags, (index + 1) % self.size)?;
         }
         self.next_desc = (self.next_desc + bufs.len().max(1) as u16) % self.size;
@@ -144,13 +153,20 @@ impl DriverQueue {
     }
 
     /// Sets the raw available index (hostile drivers claim more entries than exist).
-    pub fn set_avail_idx<M: GuestMemory>(&mut self, mem: &M, idx: u16) -> Result<(), GuestMemoryError> {
+    pub fn set_avail_idx<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        idx: u16,
+    ) -> Result<(), GuestMemoryError> {
         self.avail_idx = idx;
         mem.write_obj(idx.to_le(), GuestAddress(self.avail.0 + 2))
     }
 
     /// Takes the used elements `(head, used_len)` added since the last call.
-    pub fn take_used<M: GuestMemory>(&mut self, mem: &M) -> Result<Vec<(u32, u32)>, GuestMemoryError> {
+    pub fn take_used<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+    ) -> Result<Vec<(u32, u32)>, GuestMemoryError> {
         let idx = u16::from_le(mem.read_obj::<u16>(GuestAddress(self.used.0 + 2))?);
         let mut out = Vec::new();
         while self.last_used != idx {

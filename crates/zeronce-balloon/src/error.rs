@@ -272,14 +272,16 @@ impl BalloonError {
 }
 
 /// Checked `gpa + len`, as the error a queue handler reports.
-pub(crate) fn checked_end(queue: QueueKind, gpa: GuestAddress, len: u64) -> Result<u64, BalloonError> {
-    gpa.0
-        .checked_add(len)
-        .ok_or(BalloonError::AddressOverflow {
-            queue,
-            gpa: gpa.0,
-            len,
-        })
+pub(crate) fn checked_end(
+    queue: QueueKind,
+    gpa: GuestAddress,
+    len: u64,
+) -> Result<u64, BalloonError> {
+    gpa.0.checked_add(len).ok_or(BalloonError::AddressOverflow {
+        queue,
+        gpa: gpa.0,
+        len,
+    })
 }
 
 #[cfg(test)]
@@ -291,7 +293,10 @@ mod tests {
         for (i, k) in MalformedKind::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
         }
-        assert_eq!(BalloonError::StatsOverflow.kind(), Some(MalformedKind::StatsOverflow));
+        assert_eq!(
+            BalloonError::StatsOverflow.kind(),
+            Some(MalformedKind::StatsOverflow)
+        );
         assert_eq!(BalloonError::Queue("x".into()).kind(), None);
     }
 }

@@ -63,7 +63,7 @@ impl Cursor<'_> {
             0 => self.u64(),
             1 => u64::MAX - u64::from(self.u16()),
             2 => (4 << 20) - 0x1000 * u64::from(self.u8() % 4), // end of region 0
-            3 => (6 << 20) + u64::from(self.u16()),              // hole
+            3 => (6 << 20) + u64::from(self.u16()),             // hole
             4 => (8 << 20) + 0x1000 * u64::from(self.u16() % 1024),
             _ => DATA + 0x1000 * u64::from(self.u8()) + u64::from(self.u8() % 2) * 0x800,
         }
@@ -82,10 +82,9 @@ impl Cursor<'_> {
 /// Runs the harness on `data` (see the module docs).
 pub fn run(data: &[u8]) -> FuzzOutcome {
     let mut c = Cursor(data);
-    let mem = GuestMemoryMmap::<()>::from_ranges(
-        &REGIONS.map(|(s, l)| (GuestAddress(s), l as usize)),
-    )
-    .expect("harness memory");
+    let mem =
+        GuestMemoryMmap::<()>::from_ranges(&REGIONS.map(|(s, l)| (GuestAddress(s), l as usize)))
+            .expect("harness memory");
     let policy = match c.u8() % 3 {
         0 => DiscardPolicy::Immediate,
         1 => DiscardPolicy::Held {
@@ -290,9 +289,15 @@ fn check_used(mem: &GuestMemoryMmap, queues: &mut [DriverQueue], layout: Option<
 fn check_discards(mem: &GuestMemoryMmap, d: &RecordingDiscarder) {
     for call in &d.calls {
         let ps = call.backing.page_size() as u64;
-        assert!(call.len > 0 && call.gpa.0 % ps == 0 && call.len % ps == 0, "{call:?}");
+        assert!(
+            call.len > 0 && call.gpa.0 % ps == 0 && call.len % ps == 0,
+            "{call:?}"
+        );
         let region = mem.find_region(call.gpa).expect("discard inside guest RAM");
-        assert!(call.gpa.0 + call.len <= region.start_addr().0 + region.len(), "{call:?}");
+        assert!(
+            call.gpa.0 + call.len <= region.start_addr().0 + region.len(),
+            "{call:?}"
+        );
     }
 }
 
@@ -318,14 +323,22 @@ fn check_still_serves(
         }
     };
     let index = layout.index(kind).expect("queue");
-    let head = queues[usize::from(index)].add_chain(mem, &bufs).expect("add");
+    let head = queues[usize::from(index)]
+        .add_chain(mem, &bufs)
+        .expect("add");
     let held_before = dev.held_requests();
     let r = dev
         .process_queue_at(mem, index, Instant::now())
         .expect("served");
     assert_eq!(r.malformed, 0, "{kind:?} rejected a well-formed request");
     let _ = dev.tick(mem, Instant::now() + Duration::from_secs(3600));
-    let used = queues[usize::from(index)].take_used(mem).expect("used ring");
-    assert_eq!(used.len(), 1, "request not completed (held before: {held_before})");
+    let used = queues[usize::from(index)]
+        .take_used(mem)
+        .expect("used ring");
+    assert_eq!(
+        used.len(),
+        1,
+        "request not completed (held before: {held_before})"
+    );
     assert_eq!(used[0].0, u32::from(head));
 }

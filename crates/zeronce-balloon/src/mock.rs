@@ -55,7 +55,11 @@ impl RecordingDiscarder {
 }
 
 impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
-    fn backing(&mut self, _mem: &M, region_start: GuestAddress) -> Result<Backing, GuestDiscardError> {
+    fn backing(
+        &mut self,
+        _mem: &M,
+        region_start: GuestAddress,
+    ) -> Result<Backing, GuestDiscardError> {
         Ok(self
             .backings
             .get(&region_start.0)
@@ -122,7 +126,8 @@ impl RecordingInterrupt {
 
     /// Configuration-change signals so far.
     pub fn config_changes(&self) -> u64 {
-        self.config_changes.load(std::sync::atomic::Ordering::Relaxed)
+        self.config_changes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

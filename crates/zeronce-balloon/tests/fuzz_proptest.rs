@@ -73,5 +73,8 @@ fn random_inputs_are_not_vacuous() {
         total.notifications += o.notifications;
     }
     eprintln!("200 random inputs: {total:?}");
-    assert!(total.chains > 50 && total.malformed > 10 && total.discards > 0, "{total:?}");
+    assert!(
+        total.chains > 50 && total.malformed > 10 && total.discards > 0,
+        "{total:?}"
+    );
 }

@@ -16,7 +16,12 @@ use zeronce_balloon::{
 };
 use Feature::*;
 
-const ALL: [Feature; 4] = [StatsVq, PageReporting, DeviceInitReported, DeviceInitOnInflate];
+const ALL: [Feature; 4] = [
+    StatsVq,
+    PageReporting,
+    DeviceInitReported,
+    DeviceInitOnInflate,
+];
 const HOLE: u64 = 6 * MIB;
 
 type MockRig<'m> = Rig<'m, RecordingDiscarder>;
@@ -31,8 +36,19 @@ fn still_serves(rig: &mut MockRig<'_>, q: QueueKind) {
         QueueKind::Stats => {}
         _ => {
             let bitmap = rig.dev.negotiated().unwrap().inflate_bitmap().then_some(1);
-            let bufs = rig.inflate_bufs(&[0x300], if q == QueueKind::Inflate { bitmap } else { None });
-            let want = if q == QueueKind::Inflate && bitmap.is_some() { 1 } else { 0 };
+            let bufs = rig.inflate_bufs(
+                &[0x300],
+                if q == QueueKind::Inflate {
+                    bitmap
+                } else {
+                    None
+                },
+            );
+            let want = if q == QueueKind::Inflate && bitmap.is_some() {
+                1
+            } else {
+                0
+            };
             assert_eq!(rig.roundtrip(q, &bufs), want, "{q:?} still served");
         }
     }
@@ -45,8 +61,16 @@ fn refused(rig: &mut MockRig<'_>, q: QueueKind, bufs: &[DriverBuf], kind: Malfor
     let head = rig.submit(q, bufs);
     let r = rig.notify(q);
     assert_eq!((r.chains, r.malformed), (1, 1), "{kind:?}");
-    assert_eq!(rig.dev.metrics().malformed_count(kind), before + 1, "{kind:?} counted");
-    assert_eq!(rig.used(q), vec![(u32::from(head), 0)], "{kind:?}: used_len 0");
+    assert_eq!(
+        rig.dev.metrics().malformed_count(kind),
+        before + 1,
+        "{kind:?} counted"
+    );
+    assert_eq!(
+        rig.used(q),
+        vec![(u32::from(head), 0)],
+        "{kind:?}: used_len 0"
+    );
     assert_eq!(rig.calls(), calls, "{kind:?}: nothing discarded");
     still_serves(rig, q);
 }
@@ -55,17 +79,37 @@ fn refused(rig: &mut MockRig<'_>, q: QueueKind, bufs: &[DriverBuf], kind: Malfor
 fn pfns_outside_guest_memory_or_in_holes() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
-    for pfn in [(HOLE >> 12) as u32, (12 * MIB >> 12) as u32, u32::MAX] {
+    for pfn in [(HOLE >> 12) as u32, ((12 * MIB) >> 12) as u32, u32::MAX] {
         let bufs = rig.inflate_bufs(&[0x300, pfn], Some(1));
-        refused(&mut rig, QueueKind::Inflate, &bufs, MalformedKind::OutOfGuestMemory);
+        refused(
+            &mut rig,
+            QueueKind::Inflate,
+            &bufs,
+            MalformedKind::OutOfGuestMemory,
+        );
     }
     let bufs = rig.inflate_bufs(&[(HOLE >> 12) as u32], None);
-    refused(&mut rig, QueueKind::Deflate, &bufs, MalformedKind::OutOfGuestMemory);
+    refused(
+        &mut rig,
+        QueueKind::Deflate,
+        &bufs,
+        MalformedKind::OutOfGuestMemory,
+    );
     let hole = [DriverBuf::write(HOLE, 0x1000)];
-    refused(&mut rig, QueueKind::Reporting, &hole, MalformedKind::OutOfGuestMemory);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &hole,
+        MalformedKind::OutOfGuestMemory,
+    );
     // A PFN array that itself lies in the hole.
     let arr = [DriverBuf::read(HOLE, 4), DriverBuf::write(DATA + 0x8000, 1)];
-    refused(&mut rig, QueueKind::Inflate, &arr, MalformedKind::OutOfGuestMemory);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &arr,
+        MalformedKind::OutOfGuestMemory,
+    );
 }
 
 #[test]
@@ -73,9 +117,22 @@ fn addresses_overflowing() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let top = [DriverBuf::write(u64::MAX - 0xfff, 0x2000)];
-    refused(&mut rig, QueueKind::Reporting, &top, MalformedKind::AddressOverflow);
-    let arr = [DriverBuf::read(u64::MAX - 1, 4), DriverBuf::write(DATA + 0x8000, 1)];
-    refused(&mut rig, QueueKind::Inflate, &arr, MalformedKind::AddressOverflow);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &top,
+        MalformedKind::AddressOverflow,
+    );
+    let arr = [
+        DriverBuf::read(u64::MAX - 1, 4),
+        DriverBuf::write(DATA + 0x8000, 1),
+    ];
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &arr,
+        MalformedKind::AddressOverflow,
+    );
 }
 
 #[test]
@@ -83,13 +140,36 @@ fn zero_length_and_gigantic_buffers() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let empty = [DriverBuf::write(8 * MIB, 0)];
-    refused(&mut rig, QueueKind::Reporting, &empty, MalformedKind::EmptyBuffer);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &empty,
+        MalformedKind::EmptyBuffer,
+    );
     let empty = [DriverBuf::read(DATA, 0), DriverBuf::write(DATA + 0x8000, 1)];
-    refused(&mut rig, QueueKind::Inflate, &empty, MalformedKind::EmptyBuffer);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &empty,
+        MalformedKind::EmptyBuffer,
+    );
     let huge = [DriverBuf::write(8 * MIB, 0x8000_0000)];
-    refused(&mut rig, QueueKind::Reporting, &huge, MalformedKind::BufferTooLarge);
-    let huge = [DriverBuf::read(DATA, u32::MAX - 3), DriverBuf::write(DATA + 0x8000, 1)];
-    refused(&mut rig, QueueKind::Inflate, &huge, MalformedKind::BufferTooLarge);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &huge,
+        MalformedKind::BufferTooLarge,
+    );
+    let huge = [
+        DriverBuf::read(DATA, u32::MAX - 3),
+        DriverBuf::write(DATA + 0x8000, 1),
+    ];
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &huge,
+        MalformedKind::BufferTooLarge,
+    );
 }
 
 #[test]
@@ -97,13 +177,27 @@ fn wrong_descriptor_direction() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let k = MalformedKind::WrongDirection;
-    refused(&mut rig, QueueKind::Reporting, &[DriverBuf::read(8 * MIB, 0x1000)], k);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &[DriverBuf::read(8 * MIB, 0x1000)],
+        k,
+    );
     rig.write_pfns(DATA, &[0x300]);
-    refused(&mut rig, QueueKind::Inflate, &[DriverBuf::write(DATA, 4)], k);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &[DriverBuf::write(DATA, 4)],
+        k,
+    );
     let bufs = [DriverBuf::read(DATA, 4), DriverBuf::write(DATA + 0x8000, 1)];
     refused(&mut rig, QueueKind::Deflate, &bufs, k);
     // Readable after writable.
-    let bufs = [DriverBuf::read(DATA, 4), DriverBuf::write(DATA + 0x8000, 1), DriverBuf::read(DATA, 4)];
+    let bufs = [
+        DriverBuf::read(DATA, 4),
+        DriverBuf::write(DATA + 0x8000, 1),
+        DriverBuf::read(DATA, 4),
+    ];
     refused(&mut rig, QueueKind::Inflate, &bufs, k);
     // Without bit 7, a trailing writable buffer is wrong too.
     let mut rig = Rig::mock(&mem, &[]);
@@ -116,8 +210,16 @@ fn wrong_descriptor_direction() {
 fn chains_too_long_looping_or_broken() {
     let mem = mem_with_hole();
     let k = MalformedKind::BadChain;
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), RecordingDiscarder::zeroing(), &ALL, 128);
-    let long: Vec<DriverBuf> = (0..65).map(|i| DriverBuf::write(8 * MIB + 0x1000 * i, 0x1000)).collect();
+    let mut rig = Rig::new(
+        &mem,
+        BalloonOptions::default(),
+        RecordingDiscarder::zeroing(),
+        &ALL,
+        128,
+    );
+    let long: Vec<DriverBuf> = (0..65)
+        .map(|i| DriverBuf::write(8 * MIB + 0x1000 * i, 0x1000))
+        .collect();
     refused(&mut rig, QueueKind::Reporting, &long, k);
 
     for (desc0_next, desc1) in [(1u16, Some(0u16)), (200, None)] {
@@ -125,9 +227,11 @@ fn chains_too_long_looping_or_broken() {
         let q = usize::from(rig.index(QueueKind::Reporting));
         let dq = &mut rig.queues[q];
         // A loop 0 → 1 → 0, or a `next` past the table.
-        dq.write_desc(&mem, 0, 8 * MIB, 0x1000, 2 | DESC_F_NEXT, desc0_next).unwrap();
+        dq.write_desc(&mem, 0, 8 * MIB, 0x1000, 2 | DESC_F_NEXT, desc0_next)
+            .unwrap();
         if let Some(n) = desc1 {
-            dq.write_desc(&mem, 1, 8 * MIB, 0x1000, 2 | DESC_F_NEXT, n).unwrap();
+            dq.write_desc(&mem, 1, 8 * MIB, 0x1000, 2 | DESC_F_NEXT, n)
+                .unwrap();
         }
         dq.publish(&mem, 0).unwrap();
         let r = rig.notify(QueueKind::Reporting);
@@ -136,8 +240,12 @@ fn chains_too_long_looping_or_broken() {
         assert_eq!(rig.used(QueueKind::Reporting), vec![(0, 0)]);
         assert_eq!(rig.calls(), 0);
         // The driver's allocator did not see descriptors 0/1 used; skip past them.
-        rig.queues[q].add_chain(&mem, &[DriverBuf::write(0, 0)]).unwrap();
-        rig.queues[q].add_chain(&mem, &[DriverBuf::write(0, 0)]).unwrap();
+        rig.queues[q]
+            .add_chain(&mem, &[DriverBuf::write(0, 0)])
+            .unwrap();
+        rig.queues[q]
+            .add_chain(&mem, &[DriverBuf::write(0, 0)])
+            .unwrap();
         rig.notify(QueueKind::Reporting);
         rig.used(QueueKind::Reporting);
         still_serves(&mut rig, QueueKind::Reporting);
@@ -150,9 +258,19 @@ fn bitmaps_too_short_or_missing() {
     let mut rig = Rig::mock(&mem, &ALL);
     let pfns: Vec<u32> = (0x300..0x310).collect();
     let bufs = rig.inflate_bufs(&pfns, Some(1));
-    refused(&mut rig, QueueKind::Inflate, &bufs, MalformedKind::BitmapTooShort);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &bufs,
+        MalformedKind::BitmapTooShort,
+    );
     let bufs = rig.inflate_bufs(&pfns, None);
-    refused(&mut rig, QueueKind::Inflate, &bufs, MalformedKind::BitmapTooShort);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &bufs,
+        MalformedKind::BitmapTooShort,
+    );
 }
 
 #[test]
@@ -160,21 +278,45 @@ fn pfn_arrays_of_odd_length() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let bufs = [DriverBuf::read(DATA, 6), DriverBuf::write(DATA + 0x8000, 1)];
-    refused(&mut rig, QueueKind::Inflate, &bufs, MalformedKind::PfnArrayLength);
+    refused(
+        &mut rig,
+        QueueKind::Inflate,
+        &bufs,
+        MalformedKind::PfnArrayLength,
+    );
 }
 
 #[test]
 fn reports_not_aligned_to_the_backing_page_size() {
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::zeroing();
-    d.backings.insert(0, Backing::Hugetlb { page_size: 2 << 20 });
+    d.backings
+        .insert(0, Backing::Hugetlb { page_size: 2 << 20 });
     let mut rig = Rig::new(&mem, BalloonOptions::default(), d, &ALL, 16);
     let k = MalformedKind::Misaligned;
-    refused(&mut rig, QueueKind::Reporting, &[DriverBuf::write(8 * MIB + 0x800, 0x1000)], k);
-    refused(&mut rig, QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1800)], k);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &[DriverBuf::write(8 * MIB + 0x800, 0x1000)],
+        k,
+    );
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &[DriverBuf::write(8 * MIB, 0x1800)],
+        k,
+    );
     // 4 KiB report in a 2 MiB hugetlb region: only whole huge pages can be discarded.
-    refused(&mut rig, QueueKind::Reporting, &[DriverBuf::write(2 * MIB, 0x1000)], k);
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(2 * MIB, 2 << 20)]), 2 << 20);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &[DriverBuf::write(2 * MIB, 0x1000)],
+        k,
+    );
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(2 * MIB, 2 << 20)]),
+        2 << 20
+    );
 }
 
 #[test]
@@ -182,24 +324,46 @@ fn buffers_crossing_regions() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let across = [DriverBuf::write(4 * MIB - 0x1000, 0x2000)];
-    refused(&mut rig, QueueKind::Reporting, &across, MalformedKind::CrossesRegion);
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &across,
+        MalformedKind::CrossesRegion,
+    );
 }
 
 #[test]
 fn stats_buffers_of_odd_length_or_too_many_are_held_not_parsed() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
-    mem.write_slice(&[4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], GuestAddress(DATA)).unwrap();
+    mem.write_slice(
+        &[4, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        GuestAddress(DATA),
+    )
+    .unwrap();
     let first = rig.submit(QueueKind::Stats, &[DriverBuf::read(DATA, 15)]);
     let r = rig.notify(QueueKind::Stats);
     assert_eq!((r.malformed, r.held), (1, 1));
-    assert_eq!(rig.dev.metrics().malformed_count(MalformedKind::StatsLength), 1);
+    assert_eq!(
+        rig.dev
+            .metrics()
+            .malformed_count(MalformedKind::StatsLength),
+        1
+    );
     assert_eq!(rig.dev.stats().updates(), 0);
-    assert!(rig.used(QueueKind::Stats).is_empty(), "held as the next request token");
+    assert!(
+        rig.used(QueueKind::Stats).is_empty(),
+        "held as the next request token"
+    );
     // A second buffer while one is held: the old one is returned, the new one parsed.
     let second = rig.submit(QueueKind::Stats, &[DriverBuf::read(DATA, 10)]);
     rig.notify(QueueKind::Stats);
-    assert_eq!(rig.dev.metrics().malformed_count(MalformedKind::StatsOverflow), 1);
+    assert_eq!(
+        rig.dev
+            .metrics()
+            .malformed_count(MalformedKind::StatsOverflow),
+        1
+    );
     assert_eq!(rig.used(QueueKind::Stats), vec![(u32::from(first), 0)]);
     assert_eq!(rig.dev.stats().updates(), 1);
     assert!(rig.dev.request_stats(&mem).unwrap());
@@ -207,12 +371,25 @@ fn stats_buffers_of_odd_length_or_too_many_are_held_not_parsed() {
     // Writable stats buffer: wrong direction, still held.
     rig.submit(QueueKind::Stats, &[DriverBuf::write(DATA, 10)]);
     assert_eq!(rig.notify(QueueKind::Stats).held, 1);
-    assert_eq!(rig.dev.metrics().malformed_count(MalformedKind::WrongDirection), 1);
+    assert_eq!(
+        rig.dev
+            .metrics()
+            .malformed_count(MalformedKind::WrongDirection),
+        1
+    );
     let big = rig.submit(QueueKind::Stats, &[DriverBuf::read(DATA, 5000)]);
     rig.notify(QueueKind::Stats);
-    assert_eq!(rig.dev.metrics().malformed_count(MalformedKind::BufferTooLarge), 1);
+    assert_eq!(
+        rig.dev
+            .metrics()
+            .malformed_count(MalformedKind::BufferTooLarge),
+        1
+    );
     assert!(rig.dev.request_stats(&mem).unwrap());
-    assert_eq!(rig.used(QueueKind::Stats).last(), Some(&(u32::from(big), 0)));
+    assert_eq!(
+        rig.used(QueueKind::Stats).last(),
+        Some(&(u32::from(big), 0))
+    );
 }
 
 #[test]
@@ -224,7 +401,10 @@ fn config_access_out_of_range_or_read_only() {
     assert_eq!(e.kind(), Some(MalformedKind::ConfigOutOfRange));
     let e = rig.dev.write_config(u64::MAX, &[1]).unwrap_err();
     assert_eq!(e.kind(), Some(MalformedKind::ConfigOutOfRange));
-    let e = rig.dev.write_config(config_layout::NUM_PAGES, &[1, 2, 3, 4]).unwrap_err();
+    let e = rig
+        .dev
+        .write_config(config_layout::NUM_PAGES, &[1, 2, 3, 4])
+        .unwrap_err();
     assert_eq!(e.kind(), Some(MalformedKind::ConfigReadOnly));
     let m = rig.dev.metrics();
     assert_eq!(m.malformed_count(MalformedKind::ConfigOutOfRange), 2);
@@ -237,24 +417,46 @@ fn config_access_out_of_range_or_read_only() {
 fn notifications_before_the_driver_is_ready() {
     let mem = mem_with_hole();
     let irq = std::sync::Arc::new(RecordingInterrupt::default());
-    let mut dev = BalloonDevice::new(BalloonOptions::default(), RecordingDiscarder::default(), irq);
+    let mut dev = BalloonDevice::new(
+        BalloonOptions::default(),
+        RecordingDiscarder::default(),
+        irq,
+    );
     let reason = |r: Result<_, zeronce_balloon::BalloonError>| match r {
         Err(zeronce_balloon::BalloonError::NotReady { reason, .. }) => reason,
         other => panic!("expected NotReady, got {other:?}"),
     };
-    assert_eq!(reason(dev.process_queue(&mem, 0)), NotReadyReason::FeaturesNotNegotiated);
-    assert_eq!(reason(dev.activate(Vec::new()).map(|_| Default::default())), NotReadyReason::FeaturesNotNegotiated);
+    assert_eq!(
+        reason(dev.process_queue(&mem, 0)),
+        NotReadyReason::FeaturesNotNegotiated
+    );
+    assert_eq!(
+        reason(dev.activate(Vec::new()).map(|_| Default::default())),
+        NotReadyReason::FeaturesNotNegotiated
+    );
     dev.ack_features(features(&[])).unwrap();
-    assert_eq!(reason(dev.process_queue(&mem, 0)), NotReadyReason::DriverNotOk);
+    assert_eq!(
+        reason(dev.process_queue(&mem, 0)),
+        NotReadyReason::DriverNotOk
+    );
     let dq: Vec<_> = (0..2)
-        .map(|i| zeronce_balloon::driver_queue::DriverQueue::new(&mem, GuestAddress(0x4000 * i), 16).unwrap())
+        .map(|i| {
+            zeronce_balloon::driver_queue::DriverQueue::new(&mem, GuestAddress(0x4000 * i), 16)
+                .unwrap()
+        })
         .collect();
     let mut queues: Vec<_> = dq.iter().map(|q| q.device_queue()).collect();
     virtio_queue::QueueT::set_ready(&mut queues[1], false);
     dev.activate(queues).unwrap();
-    assert_eq!(reason(dev.process_queue(&mem, 1)), NotReadyReason::QueueNotReady);
+    assert_eq!(
+        reason(dev.process_queue(&mem, 1)),
+        NotReadyReason::QueueNotReady
+    );
     assert_eq!(dev.metrics().malformed_count(MalformedKind::NotReady), 4);
-    assert!(dev.process_queue(&mem, 0).is_ok(), "the ready queue is served");
+    assert!(
+        dev.process_queue(&mem, 0).is_ok(),
+        "the ready queue is served"
+    );
 }
 
 #[test]
@@ -263,9 +465,15 @@ fn unknown_queues_and_unoffered_features() {
     let mut rig = Rig::mock(&mem, &[]);
     let e = rig.dev.process_queue(&mem, 2).unwrap_err();
     assert_eq!(e.kind(), Some(MalformedKind::UnknownQueue));
-    let e = rig.dev.ack_features(FeatureSet::from_bits(FreePageHint.mask() | 1 << 40)).unwrap_err();
+    let e = rig
+        .dev
+        .ack_features(FeatureSet::from_bits(FreePageHint.mask() | 1 << 40))
+        .unwrap_err();
     assert_eq!(e.kind(), Some(MalformedKind::UnofferedFeature));
-    assert!(rig.dev.is_active(), "a refused ack does not disturb the running device");
+    assert!(
+        rig.dev.is_active(),
+        "a refused ack does not disturb the running device"
+    );
     let m = rig.dev.metrics();
     assert_eq!(m.malformed_count(MalformedKind::UnknownQueue), 1);
     assert_eq!(m.malformed_count(MalformedKind::UnofferedFeature), 1);
@@ -279,6 +487,9 @@ fn a_bogus_available_index_is_survived() {
     let q = usize::from(rig.index(QueueKind::Reporting));
     rig.queues[q].set_avail_idx(&mem, 1000).unwrap();
     let r = rig.notify(QueueKind::Reporting);
-    assert_eq!(r.chains, 0, "virtio-queue refuses an index jump beyond the ring");
+    assert_eq!(
+        r.chains, 0,
+        "virtio-queue refuses an index jump beyond the ring"
+    );
     assert_eq!(rig.calls(), 0);
 }

@@ -24,8 +24,15 @@ fn inflate_without_bit7_discards_and_uses_len_0() {
     let bufs = rig.inflate_bufs(&[PFN_2M, PFN_2M + 1, PFN_2M + 2], None);
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 0);
     let calls = &rig.dev.discarder().calls;
-    assert_eq!(calls.len(), 1, "three contiguous PFNs merge into one discard");
-    assert_eq!((calls[0].gpa, calls[0].len), (GuestAddress(2 * MIB), 0x3000));
+    assert_eq!(
+        calls.len(),
+        1,
+        "three contiguous PFNs merge into one discard"
+    );
+    assert_eq!(
+        (calls[0].gpa, calls[0].len),
+        (GuestAddress(2 * MIB), 0x3000)
+    );
     assert_eq!(calls[0].op, DiscardOp::DontNeed);
     let m = rig.dev.metrics();
     assert_eq!(m.pages_inflated.get(), 3);
@@ -52,7 +59,13 @@ fn inflate_bitmap_leaves_failed_and_lazy_pages_unpromised() {
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::zeroing();
     d.fail_at.insert(2 * MIB + 0x1000);
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), d, &[DeviceInitOnInflate], 16);
+    let mut rig = Rig::new(
+        &mem,
+        BalloonOptions::default(),
+        d,
+        &[DeviceInitOnInflate],
+        16,
+    );
     // PFNs 0x200 and 0x202 discard fine; 0x201 fails (separate runs: not contiguous).
     let bufs = rig.inflate_bufs(&[PFN_2M, PFN_2M + 0x10, PFN_2M + 1], Some(1));
     // Contiguity: 0x200 and 0x201 merge → the failing address is not a run start, so
@@ -62,18 +75,32 @@ fn inflate_bitmap_leaves_failed_and_lazy_pages_unpromised() {
     assert_eq!(first, 0b111, "merged run starting at 2 MiB succeeded");
     let bufs = rig.inflate_bufs(&[PFN_2M + 1], Some(1));
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 1);
-    assert_eq!(rig.read(DATA + 0x8000, 1)[0], 0, "failed discard: no promise");
+    assert_eq!(
+        rig.read(DATA + 0x8000, 1)[0],
+        0,
+        "failed discard: no promise"
+    );
     assert_eq!(rig.dev.metrics().discard_errors.get(), 1);
 
     let lazy = BalloonOptions {
         policy: DiscardPolicy::Lazy,
         ..BalloonOptions::default()
     };
-    let mut rig = Rig::new(&mem, lazy, RecordingDiscarder::default(), &[DeviceInitOnInflate], 16);
+    let mut rig = Rig::new(
+        &mem,
+        lazy,
+        RecordingDiscarder::default(),
+        &[DeviceInitOnInflate],
+        16,
+    );
     let bufs = rig.inflate_bufs(&[PFN_2M], Some(1));
     rig.fill(DATA + 0x8000, 1, 0xff);
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 1);
-    assert_eq!(rig.read(DATA + 0x8000, 1)[0], 0, "MADV_FREE never promises zero");
+    assert_eq!(
+        rig.read(DATA + 0x8000, 1)[0],
+        0,
+        "MADV_FREE never promises zero"
+    );
     assert_eq!(rig.dev.discarder().calls[0].op, DiscardOp::Free);
 }
 
@@ -81,19 +108,36 @@ fn inflate_bitmap_leaves_failed_and_lazy_pages_unpromised() {
 fn hugetlb_inflate_discards_only_complete_host_pages() {
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::zeroing();
-    d.backings.insert(8 * MIB, Backing::Hugetlb { page_size: 2 << 20 });
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), d, &[DeviceInitOnInflate], 16);
-    let base = (8 * MIB >> 12) as u32;
+    d.backings
+        .insert(8 * MIB, Backing::Hugetlb { page_size: 2 << 20 });
+    let mut rig = Rig::new(
+        &mem,
+        BalloonOptions::default(),
+        d,
+        &[DeviceInitOnInflate],
+        16,
+    );
+    let base = ((8 * MIB) >> 12) as u32;
     let first: Vec<u32> = (base..base + 511).collect();
     let bufs = rig.inflate_bufs(&first, Some(64));
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 64);
-    assert!(rig.read(DATA + 0x8000, 64).iter().all(|&b| b == 0), "partial: no promise");
+    assert!(
+        rig.read(DATA + 0x8000, 64).iter().all(|&b| b == 0),
+        "partial: no promise"
+    );
     assert_eq!((rig.calls(), rig.dev.partial_host_pages()), (0, 1));
     let bufs = rig.inflate_bufs(&[base + 511], Some(1));
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 1);
-    assert_eq!(rig.read(DATA + 0x8000, 1)[0], 1, "completing PFN is promised");
+    assert_eq!(
+        rig.read(DATA + 0x8000, 1)[0],
+        1,
+        "completing PFN is promised"
+    );
     let c = rig.dev.discarder().calls[0];
-    assert_eq!((c.gpa.0, c.len, c.op), (8 * MIB, 2 * MIB, DiscardOp::PunchHole));
+    assert_eq!(
+        (c.gpa.0, c.len, c.op),
+        (8 * MIB, 2 * MIB, DiscardOp::PunchHole)
+    );
     assert_eq!(rig.dev.partial_host_pages(), 0);
 }
 
@@ -101,13 +145,14 @@ fn hugetlb_inflate_discards_only_complete_host_pages() {
 fn deflate_is_acked_forgets_partials_and_prefaults_when_configured() {
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::default();
-    d.backings.insert(8 * MIB, Backing::Hugetlb { page_size: 2 << 20 });
+    d.backings
+        .insert(8 * MIB, Backing::Hugetlb { page_size: 2 << 20 });
     let opts = BalloonOptions {
         prefault_on_deflate: true,
         ..BalloonOptions::default()
     };
     let mut rig = Rig::new(&mem, opts, d, &[MustTellHost], 16);
-    let base = (8 * MIB >> 12) as u32;
+    let base = ((8 * MIB) >> 12) as u32;
     let bufs = rig.inflate_bufs(&[base, base + 1], None);
     rig.roundtrip(QueueKind::Inflate, &bufs);
     assert_eq!(rig.dev.partial_host_pages(), 1);
@@ -119,7 +164,11 @@ fn deflate_is_acked_forgets_partials_and_prefaults_when_configured() {
     assert_eq!(rig.dev.discarder().prefaults.len(), 2);
 }
 
-fn report_rig(fs: &[Feature], backing: Option<Backing>, policy: DiscardPolicy) -> (u32, u64, Option<DiscardOp>) {
+fn report_rig(
+    fs: &[Feature],
+    backing: Option<Backing>,
+    policy: DiscardPolicy,
+) -> (u32, u64, Option<DiscardOp>) {
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::zeroing();
     if let Some(b) = backing {
@@ -133,7 +182,11 @@ fn report_rig(fs: &[Feature], backing: Option<Backing>, policy: DiscardPolicy) -
     rig.fill(8 * MIB, 2 * MIB as usize, 0x5a);
     let len = rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 2 << 20)]);
     let promises = rig.dev.metrics().zero_promises.get();
-    (len, promises, rig.dev.discarder().calls.first().map(|c| c.op))
+    (
+        len,
+        promises,
+        rig.dev.discarder().calls.first().map(|c| c.op),
+    )
 }
 
 #[test]
@@ -146,7 +199,11 @@ fn reporting_used_len_per_backing_and_bit6() {
         (Some(Backing::SharedFile), DiscardOp::PunchHole),
         (Some(huge), DiscardOp::PunchHole),
     ] {
-        assert_eq!(report_rig(&with6, backing, imm), (2 << 20, 1, Some(op)), "{backing:?}");
+        assert_eq!(
+            report_rig(&with6, backing, imm),
+            (2 << 20, 1, Some(op)),
+            "{backing:?}"
+        );
         let (len, promises, called) = report_rig(&[PageReporting], backing, imm);
         assert_eq!((len, promises), (0, 0), "without bit 6 used_len is 0");
         assert_eq!(called, Some(op), "still discarded");
@@ -158,35 +215,64 @@ fn reporting_used_len_per_backing_and_bit6() {
 #[test]
 fn poison_rule_turns_off_promises_and_reporting_discards() {
     let mem = mem_with_hole();
-    let fs = [PagePoison, PageReporting, DeviceInitReported, DeviceInitOnInflate];
+    let fs = [
+        PagePoison,
+        PageReporting,
+        DeviceInitReported,
+        DeviceInitOnInflate,
+    ];
     let mut rig = Rig::mock(&mem, &fs);
-    rig.dev.write_config(config_layout::POISON_VAL, &0xaau32.to_le_bytes()).unwrap();
+    rig.dev
+        .write_config(config_layout::POISON_VAL, &0xaau32.to_le_bytes())
+        .unwrap();
     rig.fill(8 * MIB, 0x1000, 0xaa);
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]), 0);
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]),
+        0
+    );
     assert_eq!(rig.calls(), 0, "discarding would erase the poison");
     assert_eq!(rig.dev.metrics().reports_skipped_poison.get(), 1);
     rig.fill(DATA + 0x8000, 1, 0xff);
     let bufs = rig.inflate_bufs(&[PFN_2M], Some(1));
-    assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 1, "bitmap still written");
+    assert_eq!(
+        rig.roundtrip(QueueKind::Inflate, &bufs),
+        1,
+        "bitmap still written"
+    );
     assert_eq!(rig.read(DATA + 0x8000, 1)[0], 0, "but no bit set");
     // poison_val 0 with PAGE_POISON: zeros are the poison, promises allowed.
-    rig.dev.write_config(config_layout::POISON_VAL, &[0; 4]).unwrap();
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]), 0x1000);
+    rig.dev
+        .write_config(config_layout::POISON_VAL, &[0; 4])
+        .unwrap();
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]),
+        0x1000
+    );
 }
 
 #[test]
 fn queue_index_trap_reporting_follows_negotiated_queues() {
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &[PageReporting, DeviceInitReported]);
-    assert_eq!(rig.index(QueueKind::Reporting), 2, "no stats: reporting is queue 2");
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]), 0x1000);
+    assert_eq!(
+        rig.index(QueueKind::Reporting),
+        2,
+        "no stats: reporting is queue 2"
+    );
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]),
+        0x1000
+    );
     let e = rig.dev.process_queue(&mem, 4).unwrap_err();
     assert_eq!(e.kind(), Some(zeronce_balloon::MalformedKind::UnknownQueue));
 
     let mut rig = Rig::mock(&mem, &[StatsVq, PageReporting, DeviceInitReported]);
     assert_eq!(rig.index(QueueKind::Stats), 2);
     assert_eq!(rig.index(QueueKind::Reporting), 3);
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]), 0x1000);
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]),
+        0x1000
+    );
     assert_eq!(rig.irq.take_used(), vec![3]);
 }
 
@@ -206,16 +292,29 @@ fn stats_are_parsed_held_and_reposted_on_request() {
     let head = rig.submit(QueueKind::Stats, &[DriverBuf::read(DATA, b.len() as u32)]);
     let r = rig.notify(QueueKind::Stats);
     assert_eq!((r.held, r.malformed), (1, 0));
-    assert!(rig.used(QueueKind::Stats).is_empty(), "buffer held for the next request");
+    assert!(
+        rig.used(QueueKind::Stats).is_empty(),
+        "buffer held for the next request"
+    );
     let s = rig.dev.stats();
     assert_eq!(s.get(StatTag::FreeMemory), Some(1000));
     assert_eq!(s.get(StatTag::DirectReclaims), Some(3));
     assert_eq!(s.get(StatTag::SwapIn), None);
-    assert_eq!(s.named(), vec![("free_memory", 1000), ("total_memory", 4096), ("direct_reclaims", 3)]);
+    assert_eq!(
+        s.named(),
+        vec![
+            ("free_memory", 1000),
+            ("total_memory", 4096),
+            ("direct_reclaims", 3)
+        ]
+    );
 
     assert!(rig.dev.request_stats(&mem).unwrap());
     assert_eq!(rig.used(QueueKind::Stats), vec![(u32::from(head), 0)]);
-    assert!(!rig.dev.request_stats(&mem).unwrap(), "nothing held any more");
+    assert!(
+        !rig.dev.request_stats(&mem).unwrap(),
+        "nothing held any more"
+    );
     let b = stats_bytes(&[(4, 500)]);
     mem.write_slice(&b, GuestAddress(DATA)).unwrap();
     rig.submit(QueueKind::Stats, &[DriverBuf::read(DATA, 10)]);
@@ -257,12 +356,19 @@ fn num_pages_is_settable_with_config_change_notification() {
     rig.dev.set_num_pages(0x1234);
     assert_eq!(rig.irq.config_changes(), 1);
     let mut b = [0u8; 4];
-    rig.dev.read_config(config_layout::NUM_PAGES, &mut b).unwrap();
+    rig.dev
+        .read_config(config_layout::NUM_PAGES, &mut b)
+        .unwrap();
     assert_eq!(u32::from_le_bytes(b), 0x1234);
-    rig.dev.write_config(config_layout::ACTUAL, &0x1234u32.to_le_bytes()).unwrap();
+    rig.dev
+        .write_config(config_layout::ACTUAL, &0x1234u32.to_le_bytes())
+        .unwrap();
     assert_eq!(rig.dev.config().actual(), 0x1234);
     rig.dev.reset();
-    assert_eq!((rig.dev.config().num_pages(), rig.dev.config().actual()), (0x1234, 0));
+    assert_eq!(
+        (rig.dev.config().num_pages(), rig.dev.config().actual()),
+        (0x1234, 0)
+    );
 }
 
 #[test]
@@ -276,10 +382,19 @@ fn offer_switches_limit_negotiation() {
         },
         ..BalloonOptions::default()
     };
-    let mut rig = Rig::new(&mem, opts, RecordingDiscarder::zeroing(), &[PageReporting], 16);
+    let mut rig = Rig::new(
+        &mem,
+        opts,
+        RecordingDiscarder::zeroing(),
+        &[PageReporting],
+        16,
+    );
     assert!(!rig.dev.device_features().contains(DeviceInitReported));
     assert_eq!(rig.dev.max_queues(), 3);
-    assert_eq!(rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]), 0);
+    assert_eq!(
+        rig.roundtrip(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]),
+        0
+    );
 }
 
 #[test]
@@ -288,12 +403,22 @@ fn virtio_queue_mock_split_queue_drives_the_device_too() {
     use virtio_queue::mock::MockSplitQueue;
     let mem = mem_with_hole();
     let irq = std::sync::Arc::new(zeronce_balloon::mock::RecordingInterrupt::default());
-    let mut dev = zeronce_balloon::BalloonDevice::new(BalloonOptions::default(), RecordingDiscarder::zeroing(), irq);
-    dev.ack_features(features(&[PageReporting, DeviceInitReported])).unwrap();
-    let mocks: Vec<_> = (0..3).map(|i| MockSplitQueue::create(&mem, GuestAddress(0x4000 * i), 16)).collect();
-    dev.activate(mocks.iter().map(|m| m.create_queue().unwrap()).collect()).unwrap();
+    let mut dev = zeronce_balloon::BalloonDevice::new(
+        BalloonOptions::default(),
+        RecordingDiscarder::zeroing(),
+        irq,
+    );
+    dev.ack_features(features(&[PageReporting, DeviceInitReported]))
+        .unwrap();
+    let mocks: Vec<_> = (0..3)
+        .map(|i| MockSplitQueue::create(&mem, GuestAddress(0x4000 * i), 16))
+        .collect();
+    dev.activate(mocks.iter().map(|m| m.create_queue().unwrap()).collect())
+        .unwrap();
     let d = Descriptor::new(8 * MIB, 0x1000, 2 /* WRITE */, 0);
-    mocks[2].add_desc_chains(&[RawDescriptor::from(d)], 0).unwrap();
+    mocks[2]
+        .add_desc_chains(&[RawDescriptor::from(d)], 0)
+        .unwrap();
     dev.process_queue(&mem, 2).unwrap();
     let used = mocks[2].used().ring().ref_at(0).unwrap().load();
     assert_eq!((used.id(), used.len()), (0, 0x1000));

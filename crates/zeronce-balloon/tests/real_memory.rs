@@ -21,7 +21,8 @@ const BLOCK: u64 = 2 * MIB;
 fn reads_zero(mem: &GuestMemoryMmap, at: u64, len: u64) -> bool {
     let mut page = [0u8; 4096];
     (0..len / 4096).all(|i| {
-        mem.read_slice(&mut page, GuestAddress(at + i * 4096)).unwrap();
+        mem.read_slice(&mut page, GuestAddress(at + i * 4096))
+            .unwrap();
         page.iter().all(|&b| b == 0)
     })
 }
@@ -30,21 +31,38 @@ fn mib(b: u64) -> f64 {
     b as f64 / MIB as f64
 }
 
+/// A device with the real discarder, reporting and bit 6 negotiated.
+fn reporting_rig(mem: &GuestMemoryMmap) -> Rig<'_, MmapDiscarder> {
+    let fs = [PageReporting, DeviceInitReported];
+    Rig::new(
+        mem,
+        BalloonOptions::default(),
+        MmapDiscarder::new(),
+        &fs,
+        32,
+    )
+}
+
 /// Reports `n` blocks of 2 MiB at `base`, one buffer each; returns their used lengths.
 fn report_blocks(rig: &mut Rig<'_, MmapDiscarder>, base: u64, n: u64) -> Vec<u32> {
     for i in 0..n {
-        rig.submit(QueueKind::Reporting, &[DriverBuf::write(base + i * BLOCK, BLOCK as u32)]);
+        rig.submit(
+            QueueKind::Reporting,
+            &[DriverBuf::write(base + i * BLOCK, BLOCK as u32)],
+        );
     }
     rig.notify(QueueKind::Reporting);
-    rig.used(QueueKind::Reporting).into_iter().map(|(_, l)| l).collect()
+    rig.used(QueueKind::Reporting)
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect()
 }
 
 #[test]
 fn anonymous_memory_report_with_bit6_returns_rss_and_reads_zero() {
     let _g = RSS_LOCK.lock().unwrap();
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 * MIB as usize)]).unwrap();
-    let fs = [PageReporting, DeviceInitReported];
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), MmapDiscarder::new(), &fs, 32);
+    let mut rig = reporting_rig(&mem);
     let (base, n) = (16 * MIB, 16);
     rig.fill(base, (n * BLOCK) as usize, 0xaa);
     let before = ProcessRss::read().unwrap();
@@ -56,8 +74,15 @@ fn anonymous_memory_report_with_bit6_returns_rss_and_reads_zero() {
         mib(after.anon),
         mib(n * BLOCK)
     );
-    assert_eq!(used, vec![BLOCK as u32; n as usize], "every block promised zero");
-    assert!(before.anon - after.anon.min(before.anon) >= 30 * MIB, "RSS did not drop");
+    assert_eq!(
+        used,
+        vec![BLOCK as u32; n as usize],
+        "every block promised zero"
+    );
+    assert!(
+        before.anon - after.anon.min(before.anon) >= 30 * MIB,
+        "RSS did not drop"
+    );
     assert!(reads_zero(&mem, base, n * BLOCK));
     let m = rig.dev.metrics();
     assert_eq!(m.bytes_discarded.get(), n * BLOCK);
@@ -70,7 +95,9 @@ fn memfd_mem(len: u64) -> (GuestMemoryMmap, File) {
     let file = File::from(fd);
     file.set_len(len).unwrap();
     let fo = FileOffset::new(file.try_clone().unwrap(), 0);
-    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(GuestAddress(0), len as usize, Some(fo))]).unwrap();
+    let mem =
+        GuestMemoryMmap::<()>::from_ranges_with_files([(GuestAddress(0), len as usize, Some(fo))])
+            .unwrap();
     (mem, file)
 }
 
@@ -78,8 +105,7 @@ fn memfd_mem(len: u64) -> (GuestMemoryMmap, File) {
 fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
     let _g = RSS_LOCK.lock().unwrap();
     let (mem, file) = memfd_mem(32 * MIB);
-    let fs = [PageReporting, DeviceInitReported];
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), MmapDiscarder::new(), &fs, 32);
+    let mut rig = reporting_rig(&mem);
     let (base, n) = (16 * MIB, 8);
     rig.fill(base, (n * BLOCK) as usize, 0x5a);
     let blocks_before = file_allocated_bytes(&file).unwrap();
@@ -95,7 +121,11 @@ fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
         mib(rss_after.shmem)
     );
     assert_eq!(used, vec![BLOCK as u32; n as usize]);
-    assert_eq!(blocks_before - blocks_after, n * BLOCK, "exactly the reported blocks freed");
+    assert_eq!(
+        blocks_before - blocks_after,
+        n * BLOCK,
+        "exactly the reported blocks freed"
+    );
     assert!(rss_before.shmem - rss_after.shmem.min(rss_before.shmem) >= 15 * MIB);
     // Verify through pread: reading holes through the *mapping* would fault shmem pages
     // back in (measured: the blocks come back), reading the file maps nothing.
@@ -104,24 +134,41 @@ fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
         assert_eq!(rustix::io::pread(&file, &mut page, off).unwrap(), 4096);
         assert!(page.iter().all(|&b| b == 0), "hole at {off:#x} reads zero");
     }
-    assert_eq!(file_allocated_bytes(&file).unwrap(), blocks_after, "verifying freed nothing back");
+    assert_eq!(
+        file_allocated_bytes(&file).unwrap(),
+        blocks_after,
+        "verifying freed nothing back"
+    );
     let _ = reads_zero(&mem, base, 2 * BLOCK);
     let refaulted = file_allocated_bytes(&file).unwrap() - blocks_after;
-    eprintln!("memfd: reading 4 MiB of holes through the mapping re-allocated {:.1} MiB", mib(refaulted));
+    eprintln!(
+        "memfd: reading 4 MiB of holes through the mapping re-allocated {:.1} MiB",
+        mib(refaulted)
+    );
 }
 
 #[test]
 fn inflate_with_bit7_on_anonymous_memory_sets_every_bit_and_zeroes() {
     let _g = RSS_LOCK.lock().unwrap();
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 * MIB as usize)]).unwrap();
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), MmapDiscarder::new(), &[DeviceInitOnInflate], 16);
+    let mut rig = Rig::new(
+        &mem,
+        BalloonOptions::default(),
+        MmapDiscarder::new(),
+        &[DeviceInitOnInflate],
+        16,
+    );
     rig.fill(4 * MIB, 4 * MIB as usize, 0x11);
-    let pfns: Vec<u32> = (0..1024).map(|i| (4 * MIB >> 12) as u32 + i).collect();
+    let pfns: Vec<u32> = (0..1024).map(|i| ((4 * MIB) >> 12) as u32 + i).collect();
     let bufs = rig.inflate_bufs(&pfns, Some(128));
     let before = ProcessRss::read().unwrap();
     assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 128);
     let after = ProcessRss::read().unwrap();
-    eprintln!("inflate: RssAnon {:.1} MiB -> {:.1} MiB (4 MiB inflated)", mib(before.anon), mib(after.anon));
+    eprintln!(
+        "inflate: RssAnon {:.1} MiB -> {:.1} MiB (4 MiB inflated)",
+        mib(before.anon),
+        mib(after.anon)
+    );
     assert!(rig.read(DATA + 0x8000, 128).iter().all(|&b| b == 0xff));
     assert!(reads_zero(&mem, 4 * MIB, 4 * MIB));
     assert!(before.anon - after.anon.min(before.anon) >= 3 * MIB);
@@ -139,7 +186,11 @@ fn lazy_policy_on_anonymous_memory_never_promises() {
     let mut rig = Rig::new(&mem, opts, MmapDiscarder::new(), &fs, 16);
     rig.fill(4 * MIB, 2 * MIB as usize, 0x22);
     assert_eq!(report_blocks(&mut rig, 4 * MIB, 1), vec![0]);
-    assert_eq!(rig.dev.metrics().bytes_discarded.get(), 2 * MIB, "MADV_FREE did run");
+    assert_eq!(
+        rig.dev.metrics().bytes_discarded.get(),
+        2 * MIB,
+        "MADV_FREE did run"
+    );
     assert_eq!(rig.dev.metrics().zero_promises.get(), 0);
 }
 
@@ -158,9 +209,13 @@ fn hugetlb_memfd_report_frees_huge_pages_when_the_host_has_them() {
     let file = File::from(rustix::fs::memfd_create("balloon-huge", flags).unwrap());
     file.set_len(4 * MIB).unwrap();
     let fo = FileOffset::new(file.try_clone().unwrap(), 0);
-    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(GuestAddress(0), 4 * MIB as usize, Some(fo))]).unwrap();
-    let fs = [PageReporting, DeviceInitReported];
-    let mut rig = Rig::new(&mem, BalloonOptions::default(), MmapDiscarder::new(), &fs, 16);
+    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
+        GuestAddress(0),
+        4 * MIB as usize,
+        Some(fo),
+    )])
+    .unwrap();
+    let mut rig = reporting_rig(&mem);
     rig.fill(2 * MIB, huge, 0x33);
     let before = HugePagePool::read(huge).unwrap().in_use();
     assert_eq!(report_blocks(&mut rig, 2 * MIB, 1), vec![BLOCK as u32]);

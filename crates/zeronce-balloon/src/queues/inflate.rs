@@ -67,7 +67,7 @@ pub fn parse<M: GuestMemoryBackend + ?Sized>(
     if len > max {
         return Err(BalloonError::BufferTooLarge { queue, len, max });
     }
-    if len % 4 != 0 {
+    if !len.is_multiple_of(4) {
         return Err(BalloonError::PfnArrayLength { queue, len });
     }
     let bytes = read_all(mem, queue, readable)?;
@@ -274,14 +274,23 @@ mod tests {
         let mut bits = plan[0].bits.clone();
         bits.sort();
         assert_eq!(bits, vec![0, 1, 2, 3]);
-        assert_eq!((plan[1].gpa, plan[1].bits.clone()), (GuestAddress(0x9000), vec![4]));
+        assert_eq!(
+            (plan[1].gpa, plan[1].bits.clone()),
+            (GuestAddress(0x9000), vec![4])
+        );
     }
 
     #[test]
     fn huge_pages_discard_only_when_complete_across_requests() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 * MB2 as usize)]).unwrap();
+        let mem =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 * MB2 as usize)]).unwrap();
         let mut d = RecordingDiscarder::default();
-        d.backings.insert(0, Backing::Hugetlb { page_size: MB2 as usize });
+        d.backings.insert(
+            0,
+            Backing::Hugetlb {
+                page_size: MB2 as usize,
+            },
+        );
         let mut partial = PartialPages::default();
         let first: Vec<Pfn4k> = (0..256).map(Pfn4k).collect();
         let (p, _) = plan(&mem, &mut d, &mut partial, &first);
@@ -293,7 +302,10 @@ mod tests {
         assert!(plan(&mem, &mut d, &mut partial, &second).0.is_empty());
         let (p, _) = plan(&mem, &mut d, &mut partial, &[Pfn4k(1)]);
         assert_eq!(p.len(), 1);
-        assert_eq!((p[0].gpa, p[0].len, p[0].bits.clone()), (GuestAddress(0), MB2, vec![0]));
+        assert_eq!(
+            (p[0].gpa, p[0].len, p[0].bits.clone()),
+            (GuestAddress(0), MB2, vec![0])
+        );
         assert!(partial.is_empty());
     }
 

@@ -29,7 +29,10 @@ pub struct Desc {
 /// [`MAX_CHAIN_DESCRIPTORS`] and chains that loop or end in a bad `next` (virtio-queue
 /// stops iterating at its time-to-live or an out-of-table index; the last descriptor
 /// still saying "next" gives that away).
-pub fn collect_chain<M>(chain: DescriptorChain<M>, queue: QueueKind) -> Result<Vec<Desc>, BalloonError>
+pub fn collect_chain<M>(
+    chain: DescriptorChain<M>,
+    queue: QueueKind,
+) -> Result<Vec<Desc>, BalloonError>
 where
     M: Deref,
     M::Target: GuestMemory,
@@ -130,7 +133,10 @@ pub fn read_all<M: GuestMemory + ?Sized>(
 
 /// Splits `descs` into the leading device-readable part and the trailing
 /// device-writable part, refusing a readable descriptor after a writable one.
-pub fn split_readable_writable(queue: QueueKind, descs: &[Desc]) -> Result<(&[Desc], &[Desc]), BalloonError> {
+pub fn split_readable_writable(
+    queue: QueueKind,
+    descs: &[Desc],
+) -> Result<(&[Desc], &[Desc]), BalloonError> {
     let n_read = descs.iter().take_while(|d| !d.writable).count();
     let (r, w) = descs.split_at(n_read);
     if let Some(i) = w.iter().position(|d| !d.writable) {

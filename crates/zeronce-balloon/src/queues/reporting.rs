@@ -54,7 +54,7 @@ where
             BalloonError::Queue(format!("backing of region {:#x}: {e}", r.region_start.0))
         })?;
         let ps = backing.page_size() as u64;
-        if d.addr.0 % ps != 0 || len % ps != 0 {
+        if !d.addr.0.is_multiple_of(ps) || !len.is_multiple_of(ps) {
             return Err(BalloonError::Misaligned {
                 gpa: d.addr.0,
                 len,

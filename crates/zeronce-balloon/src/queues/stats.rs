@@ -69,7 +69,7 @@ pub fn parse<M: GuestMemoryBackend + ?Sized>(
             max: u64::from(MAX_STATS_BUFFER),
         });
     }
-    if len % STAT_ENTRY_SIZE as u64 != 0 {
+    if !len.is_multiple_of(STAT_ENTRY_SIZE as u64) {
         return Err(BalloonError::StatsLength { len });
     }
     let bytes = read_all(mem, Q, descs)?;

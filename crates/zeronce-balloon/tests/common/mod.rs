@@ -40,7 +40,13 @@ pub struct Rig<'m, D> {
 impl<'m> Rig<'m, RecordingDiscarder> {
     /// A negotiated, activated device with a recording discarder.
     pub fn mock(mem: &'m GuestMemoryMmap, fs: &[Feature]) -> Self {
-        Rig::new(mem, BalloonOptions::default(), RecordingDiscarder::zeroing(), fs, 16)
+        Rig::new(
+            mem,
+            BalloonOptions::default(),
+            RecordingDiscarder::zeroing(),
+            fs,
+            16,
+        )
     }
 
     pub fn calls(&self) -> usize {
@@ -49,7 +55,13 @@ impl<'m> Rig<'m, RecordingDiscarder> {
 }
 
 impl<'m, D: Discarder<GuestMemoryMmap>> Rig<'m, D> {
-    pub fn new(mem: &'m GuestMemoryMmap, options: BalloonOptions, d: D, fs: &[Feature], qsize: u16) -> Self {
+    pub fn new(
+        mem: &'m GuestMemoryMmap,
+        options: BalloonOptions,
+        d: D,
+        fs: &[Feature],
+        qsize: u16,
+    ) -> Self {
         let irq = Arc::new(RecordingInterrupt::default());
         let mut dev = BalloonDevice::new(options, d, Arc::clone(&irq));
         let neg = dev.ack_features(features(fs)).expect("features");
@@ -58,11 +70,21 @@ impl<'m, D: Discarder<GuestMemoryMmap>> Rig<'m, D> {
             .collect();
         dev.activate(queues.iter().map(DriverQueue::device_queue).collect())
             .expect("activate");
-        Rig { mem, dev, irq, queues, now: Instant::now() }
+        Rig {
+            mem,
+            dev,
+            irq,
+            queues,
+            now: Instant::now(),
+        }
     }
 
     pub fn index(&self, kind: QueueKind) -> u16 {
-        self.dev.layout().unwrap().index(kind).expect("queue negotiated")
+        self.dev
+            .layout()
+            .unwrap()
+            .index(kind)
+            .expect("queue negotiated")
     }
 
     pub fn submit(&mut self, kind: QueueKind, bufs: &[DriverBuf]) -> u16 {
@@ -72,7 +94,9 @@ impl<'m, D: Discarder<GuestMemoryMmap>> Rig<'m, D> {
 
     pub fn notify(&mut self, kind: QueueKind) -> QueueReport {
         let i = self.index(kind);
-        self.dev.process_queue_at(self.mem, i, self.now).expect("notify")
+        self.dev
+            .process_queue_at(self.mem, i, self.now)
+            .expect("notify")
     }
 
     pub fn used(&mut self, kind: QueueKind) -> Vec<(u32, u32)> {
@@ -96,7 +120,9 @@ impl<'m, D: Discarder<GuestMemoryMmap>> Rig<'m, D> {
     }
 
     pub fn fill(&self, at: u64, len: usize, byte: u8) {
-        self.mem.write_slice(&vec![byte; len], GuestAddress(at)).unwrap();
+        self.mem
+            .write_slice(&vec![byte; len], GuestAddress(at))
+            .unwrap();
     }
 
     pub fn read(&self, at: u64, len: usize) -> Vec<u8> {

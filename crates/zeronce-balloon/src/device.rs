@@ -397,6 +397,13 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         M: GuestMemoryBackend,
         D: Discarder<M>,
     {
+        if self
+            .held
+            .iter()
+            .any(|h| h.queue_index == index && h.head == head)
+        {
+            return Err(BalloonError::DescriptorInFlight { queue: kind, head });
+        }
         let work = match kind {
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, kind, descs, neg.inflate_bitmap())?;

@@ -44,11 +44,13 @@ pub enum MalformedKind {
     UnknownQueue,
     /// The driver acked a feature the device did not offer.
     UnofferedFeature,
+    /// A chain head made available again while the device still holds it.
+    DescriptorInFlight,
 }
 
 impl MalformedKind {
     /// Number of kinds (size of the counter array).
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
 
     /// Every kind, in counter order.
     pub const ALL: [MalformedKind; MalformedKind::COUNT] = [
@@ -69,6 +71,7 @@ impl MalformedKind {
         MalformedKind::NotReady,
         MalformedKind::UnknownQueue,
         MalformedKind::UnofferedFeature,
+        MalformedKind::DescriptorInFlight,
     ];
 
     /// Index of this kind's counter.
@@ -230,6 +233,15 @@ pub enum BalloonError {
         /// The unoffered bits.
         bits: u64,
     },
+    /// A chain head published again while the device holds it (held policy): refused,
+    /// so a guest cannot grow the held list without bound.
+    #[error("{queue:?}: descriptor {head} made available again while held")]
+    DescriptorInFlight {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// The head index.
+        head: u16,
+    },
     /// The virtqueue itself could not be accessed (e.g. its rings left guest memory).
     #[error("virtqueue error: {0}")]
     Queue(String),
@@ -266,6 +278,7 @@ impl BalloonError {
             E::NotReady { .. } => K::NotReady,
             E::UnknownQueue { .. } => K::UnknownQueue,
             E::UnofferedFeature { .. } => K::UnofferedFeature,
+            E::DescriptorInFlight { .. } => K::DescriptorInFlight,
             E::Queue(_) | E::QueueCount { .. } => return None,
         })
     }

@@ -493,3 +493,40 @@ fn a_bogus_available_index_is_survived() {
     );
     assert_eq!(rig.calls(), 0);
 }
+
+#[test]
+fn a_held_descriptor_published_again_is_refused() {
+    let mem = mem_with_hole();
+    let opts = BalloonOptions {
+        policy: zeronce_balloon::DiscardPolicy::Held {
+            delay: std::time::Duration::from_secs(1),
+        },
+        ..BalloonOptions::default()
+    };
+    let mut rig = Rig::new(&mem, opts, RecordingDiscarder::zeroing(), &ALL, 16);
+    let head = rig.submit(QueueKind::Reporting, &[DriverBuf::write(8 * MIB, 0x1000)]);
+    assert_eq!(rig.notify(QueueKind::Reporting).held, 1);
+    let q = usize::from(rig.index(QueueKind::Reporting));
+    for _ in 0..3 {
+        rig.queues[q].publish(&mem, head).unwrap();
+    }
+    let r = rig.notify(QueueKind::Reporting);
+    assert_eq!((r.chains, r.malformed, r.held), (3, 3, 0));
+    assert_eq!(rig.dev.held_requests(), 1, "the held list does not grow");
+    let k = MalformedKind::DescriptorInFlight;
+    assert_eq!(rig.dev.metrics().malformed_count(k), 3);
+    assert_eq!(
+        rig.used(QueueKind::Reporting),
+        vec![(u32::from(head), 0); 3]
+    );
+    assert_eq!(
+        rig.dev
+            .tick(&mem, rig.now + std::time::Duration::from_secs(1))
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        rig.used(QueueKind::Reporting),
+        vec![(u32::from(head), 0x1000)]
+    );
+}

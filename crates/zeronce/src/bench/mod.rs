@@ -2,6 +2,9 @@
 //! medians; absolute figures on a shared VM move several-fold, ratios much less.
 
 pub mod alloc;
+pub mod alloc_once;
+pub mod churn;
+pub mod rss_follow;
 pub mod stats;
 pub mod zero;
 
@@ -25,6 +28,12 @@ pub enum Which {
     Zero(zero::ZeroArgs),
     /// alloc+free pairs per second, orders 0/3/9, 1 and 2 threads, vs buddy_system_allocator.
     Alloc(alloc::AllocArgs),
+    /// The 000 seed's alloc-once test in process mode: 256 MiB zeroed after free + report.
+    AllocOnce(alloc_once::AllocOnceArgs),
+    /// The 004 seed's page_fault1/2 in spirit: alloc/touch/free throughput, reporting off/on.
+    Churn(churn::ChurnArgs),
+    /// RSS after freeing 4 GiB: Linux budget vs adaptive budget.
+    RssFollow(rss_follow::RssFollowArgs),
 }
 
 /// Error type of the benchmarks: a message for the user.
@@ -35,5 +44,8 @@ pub fn run(which: Which) -> BenchResult {
     match which {
         Which::Zero(args) => zero::run(&args),
         Which::Alloc(args) => alloc::run(&args),
+        Which::AllocOnce(args) => alloc_once::run(&args),
+        Which::Churn(args) => churn::run(&args),
+        Which::RssFollow(args) => rss_follow::run(&args),
     }
 }

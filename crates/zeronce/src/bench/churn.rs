@@ -1,0 +1,193 @@
+//! `zeronce bench churn`: the 004 seed's page_fault1 (THP) / page_fault2 tests in spirit.
+//! 1 and 2 threads repeatedly allocate a *zeroed* block (page faults hand out zeroed pages
+//! too), touch every 4 KiB page, and free it, at order 0 and order 9, for a fixed time;
+//! reporting disabled, enabled with the Linux budget, and enabled with the adaptive budget
+//! (default delay, 2 s). Each configuration keeps one process memory per mode for all its
+//! rounds (so background passes really run during the trials); modes alternate per round
+//! and the ratio is of the median throughputs.
+
+use super::stats::Summary;
+use super::{BenchResult, Common};
+use clap::Args;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+use zeronce::{BudgetPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetup};
+
+/// Arguments of `zeronce bench churn`.
+#[derive(Args, Debug)]
+pub struct ChurnArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Rounds (each runs every mode once).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds per trial.
+    #[arg(long, default_value_t = 2.0)]
+    pub trial_s: f64,
+}
+
+/// Reporting off, on with Linux's budget, on with the adaptive budget.
+const MODES: [(&str, Option<BudgetPolicy>); 3] = [
+    ("disabled", None),
+    ("linux", Some(BudgetPolicy::Linux)),
+    ("adaptive", Some(BudgetPolicy::Adaptive)),
+];
+
+fn build(budget: Option<BudgetPolicy>, delay: Duration) -> Result<ProcessMemory, zeronce::Error> {
+    let b = ProcessMemory::builder().size(1 << 30);
+    match budget {
+        None => b.no_reporting(),
+        Some(budget) => b.reporting(ReportingSetup {
+            config: ReportingConfig {
+                delay,
+                budget,
+                ..ReportingConfig::default()
+            },
+            ..ReportingSetup::default()
+        }),
+    }
+    .build()
+}
+
+/// Alloc-zeroed / touch / free loops on `threads` threads for `dur`; iterations per second.
+fn trial(
+    pm: &ProcessMemory,
+    order: Order,
+    threads: usize,
+    dur: Duration,
+) -> Result<f64, zeronce::Error> {
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(threads + 1);
+    let counts = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut b = pm.alloc_zeroed(order)?;
+                        b.touch(4096);
+                        drop(b);
+                        n += 1;
+                    }
+                    Ok::<u64, zeronce::Error>(n)
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        std::thread::sleep(dur);
+        stop.store(true, Ordering::Relaxed);
+        let total: Result<u64, zeronce::Error> = workers
+            .into_iter()
+            .map(|w| w.join().expect("churn thread"))
+            .sum();
+        total.map(|n| n as f64 / t0.elapsed().as_secs_f64())
+    })?;
+    Ok(counts)
+}
+
+/// Throughputs per mode of one (order, threads) configuration.
+fn configuration(
+    order: u8,
+    threads: usize,
+    rounds: usize,
+    dur: Duration,
+    delay: Duration,
+) -> Result<[Vec<f64>; 3], zeronce::Error> {
+    let order = Order::new(order).expect("order");
+    let pms: Vec<ProcessMemory> = MODES
+        .iter()
+        .map(|&(_, b)| build(b, delay))
+        .collect::<Result<_, _>>()?;
+    // Warm-up: consume never-touched memory so every mode starts from its steady state.
+    for pm in &pms {
+        trial(pm, order, threads, dur / 4)?;
+    }
+    let mut out: [Vec<f64>; 3] = Default::default();
+    for r in 0..rounds {
+        for k in 0..3 {
+            let m = (r + k) % 3;
+            out[m].push(trial(&pms[m], order, threads, dur)?);
+        }
+    }
+    Ok(out)
+}
+
+fn median(v: &[f64]) -> f64 {
+    Summary::of(v).map_or(0.0, |s| s.median)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &ChurnArgs) -> BenchResult {
+    let Common { quick, json } = args.common;
+    let (rounds, dur, delay) = if quick {
+        (3, Duration::from_millis(350), Duration::from_millis(200))
+    } else {
+        (
+            args.rounds,
+            Duration::from_secs_f64(args.trial_s),
+            ReportingConfig::default().delay,
+        )
+    };
+    let mut configs = Vec::new();
+    let (mut min_linux, mut min_adaptive) = (f64::INFINITY, f64::INFINITY);
+    for (order, threads) in [(0u8, 1usize), (0, 2), (9, 1), (9, 2)] {
+        let t = configuration(order, threads, rounds, dur, delay)?;
+        let (off, linux, adaptive) = (median(&t[0]), median(&t[1]), median(&t[2]));
+        min_linux = min_linux.min(linux / off);
+        min_adaptive = min_adaptive.min(adaptive / off);
+        configs.push(json!({
+            "order": order,
+            "threads": threads,
+            "disabled_per_s": Summary::of(&t[0]).map(|s| s.to_json()),
+            "linux_per_s": Summary::of(&t[1]).map(|s| s.to_json()),
+            "adaptive_per_s": Summary::of(&t[2]).map(|s| s.to_json()),
+            "ratio_linux_over_disabled": linux / off,
+            "ratio_adaptive_over_disabled": adaptive / off,
+        }));
+    }
+    if json {
+        let mut out = Map::new();
+        out.insert("bench".into(), json!("churn"));
+        out.insert("quick".into(), json!(quick));
+        out.insert("rounds".into(), json!(rounds));
+        out.insert("trial_s".into(), json!(dur.as_secs_f64()));
+        out.insert("delay_s".into(), json!(delay.as_secs_f64()));
+        out.insert("min_ratio_enabled_over_disabled".into(), json!(min_linux));
+        out.insert(
+            "min_ratio_adaptive_over_disabled".into(),
+            json!(min_adaptive),
+        );
+        out.insert("configurations".into(), Value::Array(configs));
+        out.insert(
+            "method".into(),
+            json!("alloc_zeroed + touch every 4 KiB + free per iteration, 1 GiB THP arena per mode; iterations/s; median over rounds, modes alternating; ratio of medians"),
+        );
+        println!("{}", Value::Object(out));
+        return Ok(());
+    }
+    if quick {
+        println!(
+            "(--quick: {rounds} rounds of {} ms, delay {} ms; full: 5 rounds of 2 s, delay 2 s)",
+            dur.as_millis(),
+            delay.as_millis()
+        );
+    }
+    println!("churn: alloc_zeroed + touch + free, iterations/s (medians)");
+    for c in &configs {
+        println!(
+            "  order {} threads {}: disabled {:>10.0}  linux {:>10.0} ({:.3})  adaptive {:>10.0} ({:.3})",
+            c["order"], c["threads"],
+            c["disabled_per_s"]["median"].as_f64().unwrap_or(0.0),
+            c["linux_per_s"]["median"].as_f64().unwrap_or(0.0),
+            c["ratio_linux_over_disabled"].as_f64().unwrap_or(0.0),
+            c["adaptive_per_s"]["median"].as_f64().unwrap_or(0.0),
+            c["ratio_adaptive_over_disabled"].as_f64().unwrap_or(0.0),
+        );
+    }
+    println!("min ratio enabled / disabled: linux {min_linux:.3}, adaptive {min_adaptive:.3} (target ≥ 0.97; seed: within ~1%)");
+    Ok(())
+}

@@ -12,7 +12,10 @@ use crate::types::{
 use crate::zeroing::Zeroer;
 use crate::zone::tags::TagTable;
 use crate::zone::{IsolatedBlock, Zone, UNREPORTED_STATES};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Configuration of a [`MemoryManager`].
@@ -361,7 +364,7 @@ impl MemoryManager {
             FreeHint::Dirty => FreeState::DIRTY,
             FreeHint::KnownZero => FreeState::ZERO,
         };
-        let (merged, merged_state) = {
+        let reportable = {
             let mut zone = lock(slot);
             if hint == FreeHint::KnownZero && self.config.verify {
                 // Check ownership first so we never read pages that are not the caller's.
@@ -371,17 +374,36 @@ impl MemoryManager {
                     return Err(FreeError::VerifyFailed(block));
                 }
             }
-            zone.free(block, state)?
+            let (merged, merged_state) = zone.free(block, state)?;
+            self.count_reportable(slot, merged, merged_state)
         };
-        if merged.order >= self.config.reporting_order && !merged_state.reported {
+        if reportable {
             self.notify_reportable(slot);
         }
         Ok(())
     }
 
-    /// Bumps the reportable generation and calls the notifier.
+    /// Whether a free that produced `merged` in `state` is reportable (Linux
+    /// `page_reporting_notify_free`: unreported, order >= reporting order); if so, bumps
+    /// the zone's generation. Must be called with the zone lock held: the lock serialises
+    /// the writers, so a plain load and store suffice (no locked instruction on the hot
+    /// path).
+    pub(crate) fn count_reportable(
+        &self,
+        slot: &ZoneSlot,
+        merged: Block,
+        state: FreeState,
+    ) -> bool {
+        let reportable = merged.order >= self.config.reporting_order && !state.reported;
+        if reportable {
+            let generation = slot.reportable_frees.load(Relaxed);
+            slot.reportable_frees.store(generation + 1, Release);
+        }
+        reportable
+    }
+
+    /// Calls the notifier (outside the zone lock) after a reportable free.
     pub(crate) fn notify_reportable(&self, slot: &ZoneSlot) {
-        slot.reportable_frees.fetch_add(1, Relaxed);
         if let Some(notify) = self.notifier.get() {
             if let Some(i) = self.zones.iter().position(|z| std::ptr::eq(z, slot)) {
                 notify(ZoneId(i));
@@ -464,7 +486,7 @@ impl MemoryManager {
     pub fn reportable_generation(&self, zone: ZoneId) -> u64 {
         self.zones
             .get(zone.0)
-            .map_or(0, |z| z.reportable_frees.load(Relaxed))
+            .map_or(0, |z| z.reportable_frees.load(Acquire))
     }
 
     /// Installs the callback run after each reportable free (once; returns it back if one

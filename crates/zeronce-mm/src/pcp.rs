@@ -86,6 +86,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
     /// served from the cache (refilled from the zone in batches), everything else goes to
     /// the manager. Zones are tried in order: a zone with no dirty block left serves from
     /// its known-zero blocks (as the manager would) before the next zone is tried.
+    #[inline]
     pub fn alloc(&mut self, order: Order, req: AllocRequest) -> Result<Allocation, AllocError> {
         if req.zeroed || order > PCP_MAX_ORDER || order > self.mm.config().max_order {
             return self.mm.alloc(order, req);
@@ -118,6 +119,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
     }
 
     /// Hands out the most recently cached block of (zone `z`, `order`).
+    #[inline]
     fn pop(&mut self, z: usize, order: Order) -> Option<Allocation> {
         let (pfn, prior) = self.stash[z][order.index()].pop()?;
         let slot = &self.mm.zones[z];
@@ -138,6 +140,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
     /// Like [`MemoryManager::free`]; dirty frees of orders <= [`PCP_MAX_ORDER`] go to the
     /// cache (a batch goes back to the zone when the list is over its high mark). Any
     /// misuse is reported exactly as by the manager, and changes nothing.
+    #[inline]
     pub fn free(&mut self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
         if hint == FreeHint::KnownZero || block.order > PCP_MAX_ORDER {
             return self.mm.free(block, hint);
@@ -187,8 +190,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
             let mut zone = lock(slot);
             for (pfn, state) in self.stash[z][order.index()].drain(..n) {
                 if let Some((merged, m_state)) = zone.return_from_cache(pfn, order, state) {
-                    reportable |=
-                        merged.order >= self.mm.config().reporting_order && !m_state.reported;
+                    reportable |= self.mm.count_reportable(slot, merged, m_state);
                 }
             }
         }

@@ -24,11 +24,13 @@ pub struct Pfn(pub u64);
 
 impl Pfn {
     /// Byte offset of this page from the start of the managed range.
+    #[inline]
     pub fn byte_offset(self) -> u64 {
         self.0 * PAGE_SIZE
     }
 
     /// Whether this PFN is aligned to a block of `order`.
+    #[inline]
     pub fn is_aligned(self, order: Order) -> bool {
         self.0 & (order.pages() - 1) == 0
     }
@@ -49,6 +51,7 @@ impl Order {
     pub const ZERO: Order = Order(0);
 
     /// Validates `order` against [`MAX_ORDER_LIMIT`].
+    #[inline]
     pub const fn new(order: u8) -> Result<Order, OrderError> {
         if order > MAX_ORDER_LIMIT {
             Err(OrderError { order })
@@ -58,36 +61,43 @@ impl Order {
     }
 
     /// The raw order.
+    #[inline]
     pub const fn get(self) -> u8 {
         self.0
     }
 
     /// The order as an array index.
+    #[inline]
     pub const fn index(self) -> usize {
         self.0 as usize
     }
 
     /// Pages in a block of this order.
+    #[inline]
     pub const fn pages(self) -> u64 {
         1 << self.0
     }
 
     /// Bytes in a block of this order.
+    #[inline]
     pub const fn bytes(self) -> u64 {
         self.pages() * PAGE_SIZE
     }
 
     /// The next smaller order (`None` at order 0).
+    #[inline]
     pub fn lower(self) -> Option<Order> {
         self.0.checked_sub(1).map(Order)
     }
 
     /// The next larger order (`None` at [`MAX_ORDER_LIMIT`]).
+    #[inline]
     pub fn higher(self) -> Option<Order> {
         Order::new(self.0 + 1).ok()
     }
 
     /// Every order from `self` up to and including `max`, ascending.
+    #[inline]
     pub fn up_to(self, max: Order) -> impl Iterator<Item = Order> {
         (self.0..=max.0).map(Order)
     }
@@ -110,31 +120,37 @@ pub struct PageRange {
 
 impl PageRange {
     /// The range `[start, start + pages)`.
+    #[inline]
     pub fn new(start: Pfn, pages: u64) -> PageRange {
         PageRange { start, pages }
     }
 
     /// One past the last page (saturating, so a malformed range cannot wrap).
+    #[inline]
     pub fn end(&self) -> Pfn {
         Pfn(self.start.0.saturating_add(self.pages))
     }
 
     /// Whether `pfn` lies in the range.
+    #[inline]
     pub fn contains(&self, pfn: Pfn) -> bool {
         pfn >= self.start && pfn < self.end()
     }
 
     /// Whether `other` lies entirely inside this range.
+    #[inline]
     pub fn contains_range(&self, other: &PageRange) -> bool {
         other.start >= self.start && other.end() <= self.end()
     }
 
     /// Whether the two ranges share at least one page.
+    #[inline]
     pub fn overlaps(&self, other: &PageRange) -> bool {
         self.start < other.end() && other.start < self.end()
     }
 
     /// Size in bytes.
+    #[inline]
     pub fn bytes(&self) -> u64 {
         self.pages * PAGE_SIZE
     }
@@ -151,16 +167,19 @@ pub struct Block {
 
 impl Block {
     /// The block of `order` starting at `pfn` (alignment is checked where it matters).
+    #[inline]
     pub fn new(pfn: Pfn, order: Order) -> Block {
         Block { pfn, order }
     }
 
     /// The pages of the block.
+    #[inline]
     pub fn range(&self) -> PageRange {
         PageRange::new(self.pfn, self.order.pages())
     }
 
     /// Whether `pfn` is a multiple of the block size.
+    #[inline]
     pub fn is_aligned(&self) -> bool {
         self.pfn.is_aligned(self.order)
     }
@@ -214,6 +233,7 @@ impl FreeState {
     ];
 
     /// State of a block merged from two buddies: each fact holds only if it holds for both.
+    #[inline]
     pub fn merge(self, other: FreeState) -> FreeState {
         FreeState {
             known_zero: self.known_zero && other.known_zero,
@@ -222,6 +242,7 @@ impl FreeState {
     }
 
     /// Dense index 0..4 (bit 0 = known_zero, bit 1 = reported); selects a free list.
+    #[inline]
     pub const fn index(self) -> usize {
         (self.known_zero as usize) | ((self.reported as usize) << 1)
     }

@@ -44,6 +44,7 @@ pub(crate) enum Tag {
 
 impl Tag {
     /// Block order of a head tag, `None` for a tail.
+    #[inline]
     pub fn order(self) -> Option<Order> {
         match self {
             Tag::Tail => None,
@@ -55,6 +56,7 @@ impl Tag {
     }
 
     /// Packs into one word: bits 0-2 kind, 3-7 order, 8 known_zero, 9 reported.
+    #[inline]
     fn pack(self) -> u32 {
         let (kind, order, state) = match self {
             Tag::Tail => (0, 0, FreeState::DIRTY),
@@ -69,6 +71,7 @@ impl Tag {
     }
 
     /// Inverse of [`Tag::pack`] (only packed values are ever stored).
+    #[inline]
     fn unpack(word: u32) -> Tag {
         let order = Order::new(((word >> 3) & 0x1f) as u8).unwrap_or(Order::ZERO);
         let state = FreeState {
@@ -90,6 +93,7 @@ pub(crate) struct TagTable(Box<[AtomicU32]>);
 
 impl TagTable {
     /// `frames` tails.
+    #[inline]
     pub fn new(frames: usize) -> TagTable {
         TagTable(
             (0..frames)
@@ -99,21 +103,25 @@ impl TagTable {
     }
 
     /// Number of frames.
+    #[inline]
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
     /// The tag of frame `idx`.
+    #[inline]
     pub fn get(&self, idx: u32) -> Tag {
         Tag::unpack(self.0[idx as usize].load(Ordering::Acquire))
     }
 
     /// Sets the tag of frame `idx`.
+    #[inline]
     pub fn set(&self, idx: u32, tag: Tag) {
         self.0[idx as usize].store(tag.pack(), Ordering::Release);
     }
 
     /// Replaces `old` by `new` atomically; on mismatch returns the tag found.
+    #[inline]
     pub fn swap_if(&self, idx: u32, old: Tag, new: Tag) -> Result<(), Tag> {
         self.0[idx as usize]
             .compare_exchange(old.pack(), new.pack(), Ordering::AcqRel, Ordering::Acquire)

@@ -5,10 +5,11 @@
 //! Each case is (order, threads). One iteration of a thread allocates a batch of blocks of
 //! that order, then frees them all (so every iteration splits big blocks and merges them
 //! back). Requests are not zero-requests and the zeroer is a no-op: this measures the
-//! allocator, not memset. Two threads share one allocator: ours as is (a mutex per zone,
-//! one zone here), theirs in a `std::sync::Mutex` as a user would wrap it; one thread
-//! uses theirs without any lock (what a single-threaded user would do) while ours still
-//! takes its lock.
+//! allocator, not memset. Two threads share one allocator: ours as is (one zone behind a
+//! mutex, each thread with its own [`PcpCache`], the per-thread fast path for orders <= 3,
+//! as Linux's per-CPU lists), theirs in a `std::sync::Mutex` as a user would wrap it; one
+//! thread uses theirs without any lock (what a single-threaded user would do). Ours is
+//! also measured without the cache (every call takes the zone lock) for reference.
 //!
 //! Every repetition runs every case with both allocators back to back (the first one
 //! alternates), so they share the machine's noise; the ratio of a case is the median of
@@ -23,7 +24,7 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 use zeronce_mm::{
-    AllocRequest, Block, FreeHint, MemoryManager, MmConfig, NoopZeroer, Order, PageRange, Pfn,
+    AllocRequest, FreeHint, MemoryManager, MmConfig, NoopZeroer, Order, PageRange, PcpCache, Pfn,
 };
 
 /// Arguments of `zeronce bench alloc`.
@@ -47,12 +48,30 @@ struct Case {
 
 impl Case {
     const ALL: [Case; 6] = [
-        Case { order: 0, threads: 1 },
-        Case { order: 3, threads: 1 },
-        Case { order: 9, threads: 1 },
-        Case { order: 0, threads: 2 },
-        Case { order: 3, threads: 2 },
-        Case { order: 9, threads: 2 },
+        Case {
+            order: 0,
+            threads: 1,
+        },
+        Case {
+            order: 3,
+            threads: 1,
+        },
+        Case {
+            order: 9,
+            threads: 1,
+        },
+        Case {
+            order: 0,
+            threads: 2,
+        },
+        Case {
+            order: 3,
+            threads: 2,
+        },
+        Case {
+            order: 9,
+            threads: 2,
+        },
     ];
 
     /// Blocks allocated per iteration before freeing them.
@@ -72,7 +91,16 @@ impl Case {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Which {
     Zeronce,
+    ZeronceNoCache,
     BuddySystemAllocator,
+}
+
+impl Which {
+    const ALL: [Which; 3] = [
+        Which::Zeronce,
+        Which::BuddySystemAllocator,
+        Which::ZeronceNoCache,
+    ];
 }
 
 /// Runs `iters` iterations of `case` on a fresh allocator; returns wall time.
@@ -80,39 +108,48 @@ fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
     let order = Order::new(case.order).map_err(|e| e.to_string())?;
     let batch = case.batch();
     let barrier = Arc::new(Barrier::new(case.threads));
+    let count = order.pages() as usize;
+    let out_of_frames = || "buddy_system_allocator: out of frames".to_string();
     match which {
         Which::Zeronce => {
-            let cfg = MmConfig::new(vec![PageRange::new(Pfn(0), PAGES)]);
-            let mm = Arc::new(MemoryManager::new(cfg, Arc::new(NoopZeroer)).map_err(|e| e.to_string())?);
+            let mm = Arc::new(manager()?);
             run_threads(case.threads, &barrier, move |_| {
-                let mut blocks: Vec<Block> = Vec::with_capacity(batch);
-                for _ in 0..iters {
-                    for _ in 0..batch {
-                        let a = mm.alloc(order, AllocRequest::DIRTY).map_err(|e| e.to_string())?;
-                        blocks.push(a.block);
-                    }
-                    for b in blocks.drain(..) {
-                        mm.free(black_box(b), FreeHint::Dirty).map_err(|e| e.to_string())?;
-                    }
-                }
-                Ok(())
+                let mut cache = PcpCache::new(mm.clone());
+                churn(
+                    &mut cache,
+                    iters,
+                    batch,
+                    |c| c.alloc(order, AllocRequest::DIRTY).map(|a| a.block),
+                    |c, b| c.free(b, FreeHint::Dirty),
+                )
+            })
+        }
+        Which::ZeronceNoCache => {
+            let mm = Arc::new(manager()?);
+            run_threads(case.threads, &barrier, move |_| {
+                churn(
+                    &mut &*mm,
+                    iters,
+                    batch,
+                    |m| m.alloc(order, AllocRequest::DIRTY).map(|a| a.block),
+                    |m, b| m.free(b, FreeHint::Dirty),
+                )
             })
         }
         Which::BuddySystemAllocator if case.threads == 1 => {
             let mut fa = Theirs::new();
             fa.add_frame(0, PAGES as usize);
-            let mut blocks: Vec<usize> = Vec::with_capacity(batch);
-            let count = order.pages() as usize;
             let (sample, res) = time_it(|| {
-                for _ in 0..iters {
-                    for _ in 0..batch {
-                        blocks.push(fa.alloc(count).ok_or("buddy_system_allocator: out of frames")?);
-                    }
-                    for b in blocks.drain(..) {
-                        fa.dealloc(black_box(b), count);
-                    }
-                }
-                Ok::<(), String>(())
+                churn(
+                    &mut fa,
+                    iters,
+                    batch,
+                    |fa| fa.alloc(count).ok_or_else(out_of_frames),
+                    |fa, b| {
+                        fa.dealloc(b, count);
+                        Ok::<(), String>(())
+                    },
+                )
             });
             res.map(|()| sample.wall)
         }
@@ -121,22 +158,52 @@ fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
             fa.add_frame(0, PAGES as usize);
             let fa = Arc::new(Mutex::new(fa));
             run_threads(case.threads, &barrier, move |_| {
-                let mut blocks: Vec<usize> = Vec::with_capacity(batch);
-                let count = order.pages() as usize;
-                let lock = || fa.lock().map_err(|_| "poisoned".to_string());
-                for _ in 0..iters {
-                    for _ in 0..batch {
-                        let b = lock()?.alloc(count);
-                        blocks.push(b.ok_or("buddy_system_allocator: out of frames")?);
-                    }
-                    for b in blocks.drain(..) {
-                        lock()?.dealloc(black_box(b), count);
-                    }
-                }
-                Ok(())
+                let poisoned = |_| "poisoned".to_string();
+                churn(
+                    &mut &*fa,
+                    iters,
+                    batch,
+                    |fa| {
+                        fa.lock()
+                            .map_err(poisoned)?
+                            .alloc(count)
+                            .ok_or_else(out_of_frames)
+                    },
+                    |fa, b| {
+                        fa.lock().map_err(poisoned)?.dealloc(b, count);
+                        Ok::<(), String>(())
+                    },
+                )
             })
         }
     }
+}
+
+/// The measured loop: `iters` times, allocate `batch` blocks from `s`, then free them all
+/// (most recent last, like a batch of short-lived buffers).
+fn churn<S, B, E: ToString, F: ToString>(
+    s: &mut S,
+    iters: usize,
+    batch: usize,
+    alloc: impl Fn(&mut S) -> Result<B, E>,
+    free: impl Fn(&mut S, B) -> Result<(), F>,
+) -> Result<(), String> {
+    let mut blocks = Vec::with_capacity(batch);
+    for _ in 0..iters {
+        for _ in 0..batch {
+            blocks.push(alloc(s).map_err(|e| e.to_string())?);
+        }
+        for b in blocks.drain(..) {
+            free(s, black_box(b)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Our allocator over [`PAGES`] pages, default configuration (max order 10).
+fn manager() -> Result<MemoryManager, String> {
+    let cfg = MmConfig::new(vec![PageRange::new(Pfn(0), PAGES)]);
+    MemoryManager::new(cfg, Arc::new(NoopZeroer)).map_err(|e| e.to_string())
 }
 
 /// Runs `body` on `threads` threads released together by `barrier`; wall time from the
@@ -168,12 +235,14 @@ where
     Ok(sample.wall)
 }
 
-/// Per-case series: pairs/s of each allocator and the per-repetition ratio.
+/// Per-case series: pairs/s of each allocator and the per-repetition ratios.
 #[derive(Default)]
 struct Series {
     ours: Vec<f64>,
     theirs: Vec<f64>,
+    nocache: Vec<f64>,
     ratio: Vec<f64>,
+    ratio_nocache: Vec<f64>,
 }
 
 /// Runs the benchmark.
@@ -181,25 +250,24 @@ pub fn run(args: &AllocArgs) -> BenchResult {
     let Common { quick, json } = args.common;
     let reps = if quick { 7 } else { 11 };
     // Pairs per thread per run: full runs last ~0.05-0.3 s per case and allocator.
-    let pairs = if quick { 1 << 16 } else { 1 << 20 };
+    let pairs = if quick { 1 << 17 } else { 1 << 20 };
     let mut series: Vec<Series> = Case::ALL.iter().map(|_| Series::default()).collect();
     for rep in 0..reps {
         for (case, s) in Case::ALL.iter().zip(series.iter_mut()) {
             let iters = (pairs / case.batch()).max(1);
             let total = (iters * case.batch() * case.threads) as f64;
-            let order = if rep % 2 == 0 {
-                [Which::Zeronce, Which::BuddySystemAllocator]
-            } else {
-                [Which::BuddySystemAllocator, Which::Zeronce]
-            };
-            let mut rate = [0.0; 2];
-            for which in order {
-                let t = measure(which, *case, iters)?;
-                rate[(which == Which::BuddySystemAllocator) as usize] = total / t.as_secs_f64();
+            // Rotate which allocator goes first.
+            let mut rate = [0.0; 3];
+            for k in 0..3 {
+                let i = (k + rep) % 3;
+                let t = measure(Which::ALL[i], *case, iters)?;
+                rate[i] = total / t.as_secs_f64();
             }
             s.ours.push(rate[0]);
             s.theirs.push(rate[1]);
+            s.nocache.push(rate[2]);
             s.ratio.push(rate[0] / rate[1]);
+            s.ratio_nocache.push(rate[2] / rate[1]);
         }
     }
     let summary = |v: &[f64]| Summary::of(v).ok_or("no samples");
@@ -211,23 +279,42 @@ pub fn run(args: &AllocArgs) -> BenchResult {
     out.insert("pairs_per_thread_per_run".into(), json!(pairs));
     out.insert(
         "method".into(),
-        json!("alloc a batch of blocks then free them; pairs/s from wall time; ratio = median of per-repetition ours/theirs; buddy_system_allocator FrameAllocator<11> unlocked for 1 thread, in std Mutex for 2"),
+        json!("alloc a batch of blocks then free them; pairs/s from wall time; ratio = median of per-repetition ours/theirs; ours through a per-thread PcpCache (nocache: MemoryManager directly); buddy_system_allocator FrameAllocator<11> unlocked for 1 thread, in std Mutex for 2"),
     );
     let mut cases = Vec::new();
     let mut rows = Vec::new();
     for (case, s) in Case::ALL.iter().zip(&series) {
         let (ours, theirs, ratio) = (summary(&s.ours)?, summary(&s.theirs)?, summary(&s.ratio)?);
-        out.insert(format!("ratio_vs_buddy_system_allocator_{}", case.key()), json!(ratio.median));
+        let (nocache, ratio_nocache) = (summary(&s.nocache)?, summary(&s.ratio_nocache)?);
+        out.insert(
+            format!("ratio_vs_buddy_system_allocator_{}", case.key()),
+            json!(ratio.median),
+        );
+        out.insert(
+            format!("ratio_nocache_vs_buddy_system_allocator_{}", case.key()),
+            json!(ratio_nocache.median),
+        );
         if case.threads == 1 && case.order == 0 {
-            out.insert("ratio_vs_buddy_system_allocator_order0".into(), json!(ratio.median));
+            out.insert(
+                "ratio_vs_buddy_system_allocator_order0".into(),
+                json!(ratio.median),
+            );
         }
         cases.push(json!({
             "order": case.order, "threads": case.threads, "batch": case.batch(),
             "zeronce_pairs_per_s": ours.to_json(),
             "buddy_system_allocator_pairs_per_s": theirs.to_json(),
+            "zeronce_nocache_pairs_per_s": nocache.to_json(),
             "ratio": ratio.to_json(),
+            "ratio_nocache": ratio_nocache.to_json(),
         }));
-        rows.push((*case, ours.median, theirs.median, ratio));
+        rows.push((
+            *case,
+            ours.median,
+            theirs.median,
+            ratio,
+            ratio_nocache.median,
+        ));
     }
     out.insert("cases".into(), Value::Array(cases));
     if json {
@@ -239,12 +326,19 @@ pub fn run(args: &AllocArgs) -> BenchResult {
     }
     println!("alloc+free pairs/s, medians of {reps} repetitions, {PAGES} pages managed");
     println!(
-        "{:>5} {:>7} {:>5} {:>14} {:>14} {:>7} {:>13}",
-        "order", "threads", "batch", "zeronce M/s", "bsa M/s", "ratio", "ratio min-max"
+        "{:>5} {:>7} {:>5} {:>14} {:>14} {:>7} {:>13} {:>14}",
+        "order",
+        "threads",
+        "batch",
+        "zeronce M/s",
+        "bsa M/s",
+        "ratio",
+        "ratio min-max",
+        "no-cache ratio"
     );
-    for (case, ours, theirs, ratio) in rows {
+    for (case, ours, theirs, ratio, nocache) in rows {
         println!(
-            "{:>5} {:>7} {:>5} {:>14.2} {:>14.2} {:>7.2} {:>6.2}-{:<6.2}",
+            "{:>5} {:>7} {:>5} {:>14.2} {:>14.2} {:>7.2} {:>6.2}-{:<6.2} {:>14.2}",
             case.order,
             case.threads,
             case.batch(),
@@ -252,7 +346,8 @@ pub fn run(args: &AllocArgs) -> BenchResult {
             theirs / 1e6,
             ratio.median,
             ratio.min,
-            ratio.max
+            ratio.max,
+            nocache
         );
     }
     Ok(())

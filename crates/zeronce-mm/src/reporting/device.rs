@@ -71,10 +71,11 @@ pub trait ReportingDevice: Send {
         Ok(())
     }
 
-    /// A settle pass ended; `complete` when it visited every zone without a device error
-    /// (then every free held block whose hold was over has been settled, and expired
-    /// records left belong to blocks allocated during their hold).
-    fn end_settle(&mut self, _now: Instant, _complete: bool) {}
+    /// A settle pass ended. Every free held block whose hold was over has been offered
+    /// (unless its zone was gated or a call failed: those stay reported, not known zero,
+    /// which is truthful); expired holds left belong to blocks allocated during their hold.
+    /// A device forgets them here, so an expired hold never makes the worker spin.
+    fn end_settle(&mut self, _now: Instant) {}
 }
 
 /// Which free blocks a pass isolates.

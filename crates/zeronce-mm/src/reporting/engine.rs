@@ -233,7 +233,7 @@ impl ReportingEngine {
         }
         let report = run.report;
         if kind == PassKind::Settle {
-            device.end_settle(now, report.error.is_none() && report.stats.gated_zones == 0);
+            device.end_settle(now);
         }
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         match kind {

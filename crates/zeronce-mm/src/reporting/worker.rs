@@ -183,16 +183,22 @@ where
 
 /// Sleep until notified or due, run what is due, repeat; never spins.
 fn worker_loop<H: ReportingHooks + Send + Sync, D: ReportingDevice>(s: &Shared<H, D>) {
-    let mut wake = lock(&s.wake);
     loop {
-        if wake.shutdown {
-            return;
-        }
-        wake.notified = false;
+        lock(&s.wake).notified = false;
         let now = Instant::now();
         // A request seen for the first time starts its delay now.
         s.engine.arm(&*s.hooks, now);
+        // The device lock may be held by a flush for a while: never with the wake lock
+        // held, so the free path never waits behind a pass.
         let next = s.engine.next_wakeup(&*lock(&s.device));
+        let mut wake = lock(&s.wake);
+        if wake.shutdown {
+            return;
+        }
+        if wake.notified {
+            // A request arrived while we looked: look again.
+            continue;
+        }
         match next {
             None => {
                 // IDLE and nothing held: sleep until a reportable free or shutdown.
@@ -202,19 +208,16 @@ fn worker_loop<H: ReportingHooks + Send + Sync, D: ReportingDevice>(s: &Shared<H
             }
             Some(t) if t > now => {
                 // Delay running: a notify or shutdown may cut it short; then re-evaluate.
-                wake =
+                drop(
                     s.cv.wait_timeout(wake, t - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
             }
             Some(_) => {
-                // Due: run without holding the wake lock so frees never wait for a pass.
+                // Due: run without the wake lock so frees never wait for a pass.
                 drop(wake);
-                {
-                    let mut dev = lock(&s.device);
-                    s.engine.run_due(&*s.hooks, &mut *dev, Instant::now());
-                }
-                wake = lock(&s.wake);
+                let mut dev = lock(&s.device);
+                s.engine.run_due(&*s.hooks, &mut *dev, Instant::now());
             }
         }
     }

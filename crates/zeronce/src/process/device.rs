@@ -202,12 +202,11 @@ impl ReportingDevice for ProcessDevice {
         Ok(())
     }
 
-    fn end_settle(&mut self, now: Instant, complete: bool) {
-        if !complete {
-            return;
-        }
-        // Every free held block whose hold was over was just settled; what is left expired
-        // belongs to blocks allocated during their hold (taken back): forget them.
+    fn end_settle(&mut self, now: Instant) {
+        // Every free held block whose hold was over was just offered; what is left expired
+        // belongs to blocks allocated during their hold (taken back), or could not be
+        // settled (gated zone, failed discard; they stay reported and not known zero):
+        // forget them, so an expired hold never makes the worker spin.
         let stale: Vec<u64> = self
             .held
             .iter()

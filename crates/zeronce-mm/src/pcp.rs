@@ -74,12 +74,15 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
         &self.mm
     }
 
-    /// Blocks per batch and the most a list may hold, for `order`.
-    fn limits(&self, order: Order) -> (usize, usize) {
+    /// Blocks per batch and the most a list may hold, for (zone `z`, `order`).
+    /// Scaled down for small zones (at most 1/64 resp. 1/16 of the zone, as Linux's
+    /// `zone_batchsize` scales with the zone) so a cache cannot hoard a small zone.
+    fn limits(&self, z: usize, order: Order) -> (usize, usize) {
         let cfg = self.mm.config();
-        let batch = (cfg.pcp_batch_pages >> order.get()).max(1) as usize;
-        let high = (cfg.pcp_high_pages >> order.get()).max(batch as u64) as usize;
-        (batch, high)
+        let pages = self.mm.zones[z].range.pages;
+        let batch = (cfg.pcp_batch_pages.min(pages / 64) >> order.get()).max(1);
+        let high = (cfg.pcp_high_pages.min(pages / 16) >> order.get()).max(batch);
+        (batch as usize, high as usize)
     }
 
     /// Like [`MemoryManager::alloc`]; non-zero requests of orders <= [`PCP_MAX_ORDER`] are
@@ -96,7 +99,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
             if let Some(a) = self.pop(z, order) {
                 return Ok(a);
             }
-            let (batch, _) = self.limits(order);
+            let (batch, _) = self.limits(z, order);
             let slot = &self.mm.zones[z];
             let mut zone = lock(slot);
             if zone.take_for_cache(order, batch, &mut self.stash[z][o]) == 0 {
@@ -171,7 +174,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
         let o = block.order.index();
         self.stash[z][o].push((block.pfn, FreeState::DIRTY));
         self.frees[o] += 1;
-        let (batch, high) = self.limits(block.order);
+        let (batch, high) = self.limits(z, block.order);
         if self.stash[z][o].len() > high {
             self.drain_list(z, block.order, batch);
         }
@@ -206,8 +209,10 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
             for order in Order::ZERO.up_to(PCP_MAX_ORDER) {
                 self.drain_list(z, order, usize::MAX);
             }
+            // Also when nothing was left to give back: blocks handed out since the last
+            // batch point are still counted as cached until published.
+            self.publish(z);
         }
-        self.flush_counters();
     }
 
     /// Blocks currently cached, with their zone and state (for tests and tools).

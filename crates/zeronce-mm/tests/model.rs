@@ -22,6 +22,8 @@ enum Page {
     Free(FreeState),
     /// Isolated for reporting; the state it had.
     Isolated(FreeState),
+    /// Free in the test's per-thread cache.
+    Cached(FreeState),
     /// Not managed (gap between zones).
     Hole,
 }
@@ -30,22 +32,27 @@ enum Page {
 #[derive(Clone, Debug)]
 enum Op {
     Alloc {
+        via_cache: bool,
         order: u8,
         zeroed: bool,
         hint: u16,
         scribble: bool,
     },
     Free {
+        via_cache: bool,
         pick: u16,
         known_zero: bool,
     },
     DoubleFree {
+        via_cache: bool,
         pick: u16,
     },
     BadFree {
+        via_cache: bool,
         pfn: u16,
         order: u8,
     },
+    Drain,
     WrongShape {
         pick: u16,
         delta: u8,
@@ -73,11 +80,14 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..7, any::<bool>(), any::<u16>(), any::<bool>())
-            .prop_map(|(order, zeroed, hint, scribble)| Op::Alloc { order, zeroed, hint, scribble }),
-        4 => (any::<u16>(), any::<bool>()).prop_map(|(pick, known_zero)| Op::Free { pick, known_zero }),
-        1 => any::<u16>().prop_map(|pick| Op::DoubleFree { pick }),
-        1 => (any::<u16>(), 0u8..8).prop_map(|(pfn, order)| Op::BadFree { pfn, order }),
+        4 => (any::<bool>(), 0u8..7, any::<bool>(), any::<u16>(), any::<bool>())
+            .prop_map(|(via_cache, order, zeroed, hint, scribble)| Op::Alloc { via_cache, order, zeroed, hint, scribble }),
+        4 => (any::<bool>(), any::<u16>(), any::<bool>())
+            .prop_map(|(via_cache, pick, known_zero)| Op::Free { via_cache, pick, known_zero }),
+        1 => (any::<bool>(), any::<u16>()).prop_map(|(via_cache, pick)| Op::DoubleFree { via_cache, pick }),
+        1 => (any::<bool>(), any::<u16>(), 0u8..8)
+            .prop_map(|(via_cache, pfn, order)| Op::BadFree { via_cache, pfn, order }),
+        1 => Just(Op::Drain),
         1 => (any::<u16>(), 1u8..4).prop_map(|(pick, delta)| Op::WrongShape { pick, delta }),
         2 => (0u8..3, 0u8..6, 1u8..6, prop::bool::weighted(0.25))
             .prop_map(|(zone, min_order, max_blocks, settle)| Op::Isolate { zone, min_order, max_blocks, settle }),
@@ -112,7 +122,9 @@ fn setup() -> impl Strategy<Value = Setup> {
 
 /// The harness: manager, fake memory, model, and what the test holds.
 struct World {
-    mm: MemoryManager,
+    mm: Arc<MemoryManager>,
+    /// A per-thread cache over `mm` (small limits so it refills and drains often).
+    cache: PcpCache<Arc<MemoryManager>>,
     mem: FakeZeroer,
     pages: Vec<Page>,
     zones: Vec<PageRange>,
@@ -142,8 +154,11 @@ impl World {
         cfg.reporting_order = cfg.max_order;
         cfg.verify = true;
         cfg.initial_state = s.initial;
-        let mm = MemoryManager::new(cfg, Arc::new(mem.clone())).unwrap();
+        cfg.pcp_batch_pages = 4;
+        cfg.pcp_high_pages = 8;
+        let mm = Arc::new(MemoryManager::new(cfg, Arc::new(mem.clone())).unwrap());
         World {
+            cache: PcpCache::new(mm.clone()),
             mm,
             mem,
             pages,
@@ -190,7 +205,7 @@ impl World {
         self.mm
             .check_invariants()
             .map_err(|e| fail(&e.to_string()))?;
-        let (mut free, mut isolated, mut allocated) = (0, 0, 0);
+        let (mut free, mut isolated, mut allocated, mut cached) = (0, 0, 0, 0);
         for (p, page) in self.pages.iter().enumerate() {
             let view = self.mm.free_state_of(Pfn(p as u64));
             match page {
@@ -207,6 +222,11 @@ impl World {
                     }
                 }
                 Page::Hole => prop_assert!(self.mm.zone_of(Pfn(p as u64)).is_none()),
+                Page::Cached(s) => {
+                    prop_assert!(view.is_none(), "cached pfn {} is on a free list", p);
+                    prop_assert!(!s.known_zero, "a cache holds known-zero pfn {}", p);
+                    cached += 1;
+                }
                 Page::Allocated | Page::Isolated(_) => {
                     prop_assert!(view.is_none(), "pfn {} should not be free", p);
                     if matches!(page, Page::Allocated) {
@@ -218,9 +238,14 @@ impl World {
             }
         }
         let s = self.mm.stats();
+        // Cache pages are published at batch points: only their sum with allocated is exact.
         prop_assert_eq!(
-            (s.free_pages_total(), s.isolated_pages, s.allocated_pages),
-            (free, isolated, allocated)
+            (
+                s.free_pages_total(),
+                s.isolated_pages,
+                s.allocated_pages + s.cached_pages
+            ),
+            (free, isolated, allocated + cached)
         );
         Ok(())
     }
@@ -246,6 +271,7 @@ impl World {
         let before = self.mm.stats();
         match *op {
             Op::Alloc {
+                via_cache,
                 order,
                 zeroed,
                 hint,
@@ -259,24 +285,59 @@ impl World {
                 };
                 let total = self.pages.len() as u64;
                 let hint = Pfn(u64::from(hint) % total.max(1));
-                match self.mm.alloc(
-                    order,
-                    AllocRequest {
-                        zeroed,
-                        hint: Some(hint),
-                    },
-                ) {
+                // The cache serves dirty requests of small orders from its own blocks of
+                // exactly that order first, zone by zone.
+                let cache_path = via_cache && !zeroed && order <= PCP_MAX_ORDER;
+                let cached_blocks = self.cache.cached_blocks();
+                let in_cache = |z: usize| {
+                    let n = cached_blocks
+                        .iter()
+                        .filter(|(zz, b, _)| zz.0 == z && b.order == order)
+                        .count();
+                    if cache_path {
+                        n as u64
+                    } else {
+                        0
+                    }
+                };
+                let req = AllocRequest {
+                    zeroed,
+                    hint: Some(hint),
+                };
+                let res = if via_cache {
+                    self.cache.alloc(order, req)
+                } else {
+                    self.mm.alloc(order, req)
+                };
+                match res {
                     Ok(a) => {
                         let b = a.block;
                         prop_assert!(b.is_aligned() && b.order == order);
                         for page in self.model(b) {
-                            prop_assert_eq!(*page, Page::Free(a.prior), "{} prior state", b);
+                            let ok = *page == Page::Free(a.prior)
+                                || (cache_path && *page == Page::Cached(a.prior));
+                            prop_assert!(
+                                ok,
+                                "{} prior state {:?} but model {:?}",
+                                b,
+                                a.prior,
+                                page
+                            );
                         }
                         // Zone fallback order, then the state preference inside the zone.
-                        let first = avail.iter().position(|&(kz, d)| kz + d > 0).unwrap();
+                        let first = (0..avail.len())
+                            .position(|z| avail[z].0 + avail[z].1 + in_cache(z) > 0)
+                            .unwrap();
                         prop_assert_eq!(a.zone, ZoneId(first));
                         let (kz, d) = avail[first];
-                        prop_assert_eq!(a.prior.known_zero, if zeroed { kz > 0 } else { d == 0 });
+                        if in_cache(first) > 0 {
+                            prop_assert!(!a.prior.known_zero);
+                        } else {
+                            prop_assert_eq!(
+                                a.prior.known_zero,
+                                if zeroed { kz > 0 } else { d == 0 }
+                            );
+                        }
                         let log = self.mem.take_log();
                         match a.zeroing {
                             Zeroing::NotRequested => prop_assert!(!zeroed && log.is_empty()),
@@ -301,7 +362,9 @@ impl World {
                         self.live.push(b);
                     }
                     Err(AllocError::OutOfMemory(_)) => {
-                        prop_assert!(avail.iter().all(|&(kz, d)| kz + d == 0));
+                        prop_assert!(
+                            (0..avail.len()).all(|z| avail[z].0 + avail[z].1 + in_cache(z) == 0)
+                        );
                         self.unchanged_except_failures(&before)?;
                     }
                     Err(AllocError::OrderTooLarge { .. }) => {
@@ -311,7 +374,11 @@ impl World {
                     Err(e) => return Err(fail(&format!("unexpected {e}"))),
                 }
             }
-            Op::Free { pick, known_zero } => {
+            Op::Free {
+                via_cache,
+                pick,
+                known_zero,
+            } => {
                 if self.live.is_empty() {
                     return Ok(());
                 }
@@ -323,18 +390,23 @@ impl World {
                     FreeHint::Dirty
                 };
                 let really_zero = self.mem.reads_zero(b.range());
-                match self.mm.free(b, hint) {
+                match self.free_via(via_cache, b, hint) {
                     Ok(()) => {
                         prop_assert!(!known_zero || really_zero);
                         self.live.swap_remove(i);
                         self.freed.push(b);
-                        let state = if known_zero {
-                            FreeState::ZERO
+                        if via_cache && !known_zero && b.order <= PCP_MAX_ORDER {
+                            // Into the cache (a drain, if any, is reconciled below).
+                            self.set(b, Page::Cached(FreeState::DIRTY));
                         } else {
-                            FreeState::DIRTY
-                        };
-                        self.set(b, Page::Free(state));
-                        self.absorb_merge(b)?;
+                            let state = if known_zero {
+                                FreeState::ZERO
+                            } else {
+                                FreeState::DIRTY
+                            };
+                            self.set(b, Page::Free(state));
+                            self.absorb_merge(b)?;
+                        }
                     }
                     Err(FreeError::VerifyFailed(x)) => {
                         prop_assert!(known_zero && !really_zero && x == b);
@@ -343,22 +415,27 @@ impl World {
                     Err(e) => return Err(fail(&format!("unexpected {e}"))),
                 }
             }
-            Op::DoubleFree { pick } => {
+            Op::DoubleFree { via_cache, pick } => {
                 if let Some(&b) = self.freed.get(pick as usize % self.freed.len().max(1)) {
                     // Unless the same block was handed out again since.
                     if !self.live.contains(&b) {
-                        prop_assert!(self.mm.free(b, FreeHint::Dirty).is_err());
+                        prop_assert!(self.free_via(via_cache, b, FreeHint::Dirty).is_err());
                         self.unchanged(&before)?;
                     }
                 }
             }
-            Op::BadFree { pfn, order } => {
+            Op::Drain => self.cache.drain(),
+            Op::BadFree {
+                via_cache,
+                pfn,
+                order,
+            } => {
                 let b = Block::new(
                     Pfn(u64::from(pfn) % (self.pages.len() as u64 + 8)),
                     Order::new(order).unwrap(),
                 );
                 if !self.live.contains(&b) {
-                    prop_assert!(self.mm.free(b, FreeHint::Dirty).is_err());
+                    prop_assert!(self.free_via(via_cache, b, FreeHint::Dirty).is_err());
                     self.unchanged(&before)?;
                 }
             }
@@ -547,6 +624,44 @@ impl World {
         Ok(())
     }
 
+    /// Frees through the cache or the manager.
+    fn free_via(&mut self, via_cache: bool, b: Block, hint: FreeHint) -> Result<(), FreeError> {
+        if via_cache {
+            self.cache.free(b, hint)
+        } else {
+            self.mm.free(b, hint)
+        }
+    }
+
+    /// Brings the model in line with the cache's contents after a step: blocks the cache
+    /// took from the lists must have had the model's state (and never known zero); blocks
+    /// it gave back are merged by the ∧ rule.
+    fn reconcile(&mut self) -> Result<(), TestCaseError> {
+        let now = self.cache.cached_blocks();
+        let mut held = vec![false; self.pages.len()];
+        for &(_, b, state) in &now {
+            prop_assert!(!state.known_zero, "cache holds known-zero {}", b);
+            for page in self.model(b) {
+                let ok = *page == Page::Cached(state) || *page == Page::Free(state);
+                prop_assert!(ok, "cached {} in state {:?} was {:?}", b, state, page);
+            }
+            self.set(b, Page::Cached(state));
+            held[b.pfn.0 as usize..b.range().end().0 as usize].fill(true);
+        }
+        let drained: Vec<usize> = (0..self.pages.len())
+            .filter(|&p| matches!(self.pages[p], Page::Cached(_)) && !held[p])
+            .collect();
+        for &p in &drained {
+            if let Page::Cached(s) = self.pages[p] {
+                self.pages[p] = Page::Free(s);
+            }
+        }
+        for p in drained {
+            self.absorb_merge(Block::new(Pfn(p as u64), Order::ZERO))?;
+        }
+        Ok(())
+    }
+
     fn unchanged(&self, before: &Stats) -> Result<(), TestCaseError> {
         let now = self.mm.stats();
         prop_assert_eq!(
@@ -594,8 +709,13 @@ proptest! {
         w.check()?;
         for op in &ops {
             w.step(op)?;
+            w.reconcile()?;
             w.check()?;
         }
+        w.cache.drain();
+        w.reconcile()?;
+        w.check()?;
+        prop_assert_eq!(w.mm.stats().cached_pages, 0);
         // Everything given back: all pages free again, nothing lost.
         for b in std::mem::take(&mut w.isolated) {
             w.mm.put_back(b, ReportVerdict::Error).map_err(|e| fail(&e.to_string()))?;

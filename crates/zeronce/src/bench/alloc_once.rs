@@ -256,21 +256,31 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).
     let huge_arena = 2 * size;
     let pool = HugePagePool::read(2 << 20).ok();
-    let hugetlb = match pool {
-        Some(p) if p.available() as usize * (2 << 20) >= huge_arena => Some(measure(
-            huge_arena,
-            size,
-            BackingKind::Hugetlb(HugePageSize::Size2M),
-            runs,
-            gap,
-        )?),
-        _ => None,
-    };
-    let skip = format!(
+    let mut skip = format!(
         "hugetlb skipped: needs {} free 2 MiB huge pages (vm.nr_hugepages), {} available",
         huge_arena >> 21,
         pool.map_or(0, |p| p.available())
     );
+    let hugetlb = match pool {
+        Some(p) if p.available() as usize * (2 << 20) >= huge_arena => {
+            match measure(
+                huge_arena,
+                size,
+                BackingKind::Hugetlb(HugePageSize::Size2M),
+                runs,
+                gap,
+            ) {
+                Ok(r) => Some(r),
+                // Someone else took the pages between the check and the mapping.
+                Err(zeronce::Error::Ram(e)) => {
+                    skip = format!("hugetlb skipped: {e}");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => None,
+    };
     if json {
         let mut out = Map::new();
         out.insert("bench".into(), json!("alloc-once"));

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod demo;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,6 +20,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Process mode end to end: write, free, background reporting, zeroed allocation
+    /// served from host-zeroed memory, beside a baseline that zeroes.
+    Demo(demo::DemoArgs),
     /// Run a benchmark.
     Bench {
         #[command(subcommand)]
@@ -36,6 +40,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
         Command::Bench { which } => bench::run(which),
     };
     match result {

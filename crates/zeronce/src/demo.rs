@@ -1,0 +1,211 @@
+//! `zeronce demo`: process mode end to end, with the real background reporter.
+//!
+//! A working set is written, freed, reported by the background worker after its delay
+//! (the kernel discards the backing, RSS falls), then allocated again *zeroed*: the host
+//! already zeroed it, so the allocator writes nothing. The same allocation on memory that
+//! never left (reporting off) is timed beside it. Figures here are one run, for show;
+//! `zeronce bench …` measures the claims with medians.
+
+use clap::{Args, ValueEnum};
+use std::time::{Duration, Instant};
+use zeronce::zeronce_mem::{BackingKind, HugePageSize};
+use zeronce::zeronce_mm::Zeroing;
+use zeronce::{BudgetPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+
+/// Arguments of `zeronce demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Size of the managed memory, MiB.
+    #[arg(long, default_value_t = 1024)]
+    size_mib: usize,
+    /// Working set written, freed and allocated again, MiB (a multiple of 2).
+    #[arg(long, default_value_t = 256)]
+    working_set_mib: usize,
+    /// What backs the memory.
+    #[arg(long, value_enum, default_value_t = DemoBacking::Anon)]
+    backing: DemoBacking,
+}
+
+/// Backing of the demo's memory.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DemoBacking {
+    /// Private anonymous memory with THP (discard: MADV_DONTNEED).
+    Anon,
+    /// A shared memfd (discard: punch hole).
+    Memfd,
+    /// 2 MiB hugetlb pages (needs /proc/sys/vm/nr_hugepages; discard: punch hole).
+    Hugetlb,
+}
+
+impl DemoBacking {
+    fn kind(self) -> BackingKind {
+        match self {
+            DemoBacking::Anon => BackingKind::Anonymous { thp: true },
+            DemoBacking::Memfd => BackingKind::Memfd,
+            DemoBacking::Hugetlb => BackingKind::Hugetlb(HugePageSize::Size2M),
+        }
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.working_set_mib == 0 || args.working_set_mib % 2 != 0 {
+        return Err("--working-set-mib must be a positive multiple of 2".into());
+    }
+    if args.working_set_mib > args.size_mib {
+        return Err("--working-set-mib must not exceed --size-mib".into());
+    }
+    let order = Order::new(9)?; // 2 MiB blocks: the reporting order
+    let blocks = args.working_set_mib / 2;
+    let mut setup = ReportingSetup::default();
+    // Idle memory is reported in one pass; Linux's budget would take ~16 delays.
+    setup.config.budget = BudgetPolicy::Adaptive;
+    let delay = setup.config.delay;
+    let pm = ProcessMemory::builder()
+        .size(args.size_mib * MIB)
+        .backing(args.backing.kind())
+        .reporting(setup)
+        .build()?;
+    println!(
+        "zeronce demo: {} MiB of {:?} memory, working set {} MiB in 2 MiB blocks, \
+         reporting order 9, delay {:?}",
+        args.size_mib, args.backing, args.working_set_mib, delay
+    );
+
+    let written = write_working_set(&pm, order, blocks)?;
+    println!(
+        "1. wrote the working set          resident {:>6} MiB",
+        mib(pm.resident_bytes())
+    );
+    drop(written);
+    println!(
+        "2. freed it                       resident {:>6} MiB (still held)",
+        mib(pm.resident_bytes())
+    );
+
+    let settled = wait_for_reporter(&pm, delay + Duration::from_secs(5));
+    println!(
+        "3. background reporter ran        resident {:>6} MiB after {:.1} s",
+        mib(pm.resident_bytes()),
+        settled.as_secs_f64()
+    );
+
+    let (ours, again) = alloc_zeroed_timed(&pm, order, blocks)?;
+    let skipped = again
+        .iter()
+        .filter(|b| b.allocation().zeroing == Zeroing::Skipped)
+        .count();
+    println!(
+        "4. allocated {} MiB zeroed: {skipped}/{blocks} blocks known zero (host-zeroed), \
+         alloc {:.2} ms, first touch {:.2} ms",
+        args.working_set_mib,
+        ms(ours.alloc),
+        ms(ours.touch)
+    );
+    drop(again);
+
+    // The baseline: the same working set on memory that never left (reporting off, sized
+    // to the working set so every block is the dirty one just written).
+    let resident = ProcessMemory::builder()
+        .size(args.working_set_mib * MIB)
+        .backing(args.backing.kind())
+        .build()?;
+    drop(write_working_set(&resident, order, blocks)?);
+    let (theirs, _blocks) = alloc_zeroed_timed(&resident, order, blocks)?;
+    println!(
+        "5. same on memory that never left (reporting off): the allocator zeroes it: \
+         alloc {:.2} ms, first touch {:.2} ms, resident {} MiB",
+        ms(theirs.alloc),
+        ms(theirs.touch),
+        mib(resident.resident_bytes())
+    );
+
+    let s = pm.stats();
+    println!(
+        "stats: {} MiB zeroed by the allocator, {} MiB of zeroing skipped, {} zero-requests \
+         served without zeroing",
+        s.mm.bytes_zeroed >> 20,
+        s.mm.bytes_zeroing_skipped >> 20,
+        s.mm.zero_requests_skipped
+    );
+    if let Some(r) = s.reporting {
+        println!("reporting: {r:?}");
+    }
+    if let Some(d) = s.device {
+        println!("device: {d:?}");
+    }
+    Ok(())
+}
+
+fn write_working_set(
+    pm: &ProcessMemory,
+    order: Order,
+    n: usize,
+) -> Result<Vec<PageBlock>, zeronce::Error> {
+    (0..n)
+        .map(|_| {
+            let mut b = pm.alloc(order)?;
+            b.as_mut_slice().fill(0xA5);
+            Ok(b)
+        })
+        .collect()
+}
+
+/// Wall time of allocating a working set zeroed, and of then touching every page.
+struct Timing {
+    alloc: Duration,
+    touch: Duration,
+}
+
+fn alloc_zeroed_timed(
+    pm: &ProcessMemory,
+    order: Order,
+    n: usize,
+) -> Result<(Timing, Vec<PageBlock>), zeronce::Error> {
+    let start = Instant::now();
+    let mut blocks = (0..n)
+        .map(|_| pm.alloc_zeroed(order))
+        .collect::<Result<Vec<_>, _>>()?;
+    let alloc = start.elapsed();
+    let start = Instant::now();
+    blocks.iter_mut().for_each(|b| b.touch(0));
+    Ok((
+        Timing {
+            alloc,
+            touch: start.elapsed(),
+        },
+        blocks,
+    ))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Polls every 100 ms until the reporter has reported what is free or `limit` passed;
+/// returns how long it took.
+fn wait_for_reporter(pm: &ProcessMemory, limit: Duration) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let s = pm.stats().mm;
+        let unreported_free: u64 = s.free_pages_total() - reported_pages(&s);
+        if unreported_free < 512 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+fn reported_pages(s: &zeronce::zeronce_mm::Stats) -> u64 {
+    s.free_pages
+        .iter()
+        .map(|c| c.reported_dirty + c.reported_zero)
+        .sum()
+}
+
+fn mib(bytes: u64) -> u64 {
+    bytes >> 20
+}

@@ -51,7 +51,7 @@ const MIB: usize = 1 << 20;
 
 /// Runs the demo.
 pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if args.working_set_mib == 0 || args.working_set_mib % 2 != 0 {
+    if args.working_set_mib == 0 || !args.working_set_mib.is_multiple_of(2) {
         return Err("--working-set-mib must be a positive multiple of 2".into());
     }
     if args.working_set_mib > args.size_mib {

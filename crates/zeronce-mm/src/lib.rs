@@ -28,9 +28,20 @@
 //! block is never handed out as zero and its state is corrected to not known zero.
 //!
 //! Metadata lives in a frame table beside the pages, never in them. Reporting engine
-//! primitives: [`MemoryManager::isolate_unreported`], [`MemoryManager::put_back`],
-//! [`MemoryManager::zone_info`], [`MemoryManager::reportable_generation`],
-//! [`MemoryManager::set_report_notifier`], [`MemoryManager::mark_known_zero`].
+//! primitives: [`MemoryManager::isolate_unreported`],
+//! [`MemoryManager::isolate_reported_not_zero`], [`MemoryManager::put_back`],
+//! [`MemoryManager::zone_info`], [`MemoryManager::nr_free`],
+//! [`MemoryManager::reportable_generation`], [`MemoryManager::set_report_notifier`],
+//! [`MemoryManager::mark_known_zero`].
+//!
+//! **Fast path**: [`PcpCache`] is a per-thread cache for orders ≤ [`PCP_MAX_ORDER`]
+//! (Linux's per-CPU page lists): no lock per call, only dirty blocks cached, double frees
+//! caught by an atomic compare-and-swap on the frame tag. Threads that allocate small
+//! blocks often should each hold one.
+//!
+//! **Invariants** ([`MemoryManager::check_invariants`]): allocated + free + isolated +
+//! cached = total; every frame in exactly one aligned block; free lists, counters and
+//! tags consistent; no two free buddies of equal order left unmerged.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

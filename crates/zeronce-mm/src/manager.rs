@@ -443,8 +443,11 @@ impl MemoryManager {
         s
     }
 
-    /// Checks every zone's invariants (see `Zone::check`): allocated + free + isolated =
-    /// total, each frame in exactly one block, lists and counters consistent, eager merge.
+    /// Checks every zone's invariants: allocated + free + isolated + cached = total, each
+    /// frame in exactly one aligned block, free lists / counters / tags consistent, no two
+    /// free buddies of equal order unmerged, cached blocks never known zero. O(frames);
+    /// call it while no [`crate::PcpCache`] is in use (caches retag frames without the
+    /// zone lock).
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.zones.iter().try_for_each(|slot| lock(slot).check())
     }

@@ -494,3 +494,11 @@ fn settle_pass_isolates_reported_not_zero_blocks_only() {
     );
     mm.check_invariants().unwrap();
 }
+
+#[test]
+fn manager_is_send_and_sync_and_caches_are_send() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<MemoryManager>();
+    send::<PcpCache<Arc<MemoryManager>>>();
+}

@@ -88,9 +88,28 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
     /// Like [`MemoryManager::alloc`]; non-zero requests of orders <= [`PCP_MAX_ORDER`] are
     /// served from the cache (refilled from the zone in batches), everything else goes to
     /// the manager. Zones are tried in order: a zone with no dirty block left serves from
-    /// its known-zero blocks (as the manager would) before the next zone is tried.
+    /// its known-zero blocks (as the manager would) before the next zone is tried. Out of
+    /// memory with blocks in the cache: the cache is drained and the manager tried again.
     #[inline]
     pub fn alloc(&mut self, order: Order, req: AllocRequest) -> Result<Allocation, AllocError> {
+        match self.alloc_once(order, req) {
+            Err(AllocError::OutOfMemory(_))
+                if self.stash.iter().flatten().any(|l| !l.is_empty()) =>
+            {
+                // The cache hoards blocks that may merge into one of this order: give them
+                // all back and let the zone try again (Linux drains the pcp lists before
+                // declaring OOM; other threads' caches are theirs to drain). The failed
+                // first attempt stays counted in `alloc_failures`.
+                self.drain();
+                self.mm.alloc(order, req)
+            }
+            other => other,
+        }
+    }
+
+    /// One allocation attempt (see [`PcpCache::alloc`]).
+    #[inline]
+    fn alloc_once(&mut self, order: Order, req: AllocRequest) -> Result<Allocation, AllocError> {
         if req.zeroed || order > PCP_MAX_ORDER || order > self.mm.config().max_order {
             return self.mm.alloc(order, req);
         }

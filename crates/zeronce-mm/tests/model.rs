@@ -195,6 +195,20 @@ impl World {
                 scribble,
             } => {
                 let order = Order::new(order).unwrap();
+                if via_cache && order <= self.mm.config().max_order {
+                    let held = self.cache.cached_blocks();
+                    let from_cache = !zeroed && order <= PCP_MAX_ORDER;
+                    let none_left = self.available(order).iter().all(|&(kz, d)| kz + d == 0)
+                        && !(from_cache && held.iter().any(|(_, b, _)| b.order == order));
+                    if none_left && !held.is_empty() {
+                        // The cache gives everything back before failing: do it first so the
+                        // model follows, then run the step again on an empty cache.
+                        self.cache.drain();
+                        self.reconcile()?;
+                        prop_assert!(self.cache.cached_blocks().is_empty());
+                        return self.step(op);
+                    }
+                }
                 let avail = if order <= self.mm.config().max_order {
                     self.available(order)
                 } else {

@@ -179,3 +179,25 @@ fn threads_with_caches_share_a_manager() {
     assert_eq!((s.free_pages_total(), s.cached_pages), (8692, 0));
     assert_eq!(s.allocs.iter().sum::<u64>(), s.frees.iter().sum::<u64>());
 }
+
+#[test]
+fn a_cache_gives_its_blocks_back_before_failing() {
+    let (mm, _z) = manager(16, 4, false);
+    let mut cache = mm.pcp_cache();
+    // Fill the cache with order-0 blocks covering the whole zone.
+    let all: Vec<_> = (0..16)
+        .map(|_| cache.alloc(o(0), AllocRequest::DIRTY).unwrap().block)
+        .collect();
+    for b in all {
+        cache.free(b, FreeHint::Dirty).unwrap();
+    }
+    // Whatever the cache kept, an order-4 request must find the whole zone again.
+    let big = cache.alloc(o(4), AllocRequest::DIRTY).unwrap();
+    assert_eq!(big.block, blk(0, 4));
+    assert!(cache.cached_blocks().is_empty());
+    assert_eq!(
+        cache.alloc(o(0), AllocRequest::DIRTY),
+        Err(AllocError::OutOfMemory(o(0)))
+    );
+    mm.check_invariants().unwrap();
+}

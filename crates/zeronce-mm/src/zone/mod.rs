@@ -275,13 +275,16 @@ impl Zone {
     ) -> Result<(Block, FreeState), FreeError> {
         self.check_allocated(block)?;
         let idx = self.idx(block.pfn);
-        // A per-thread cache may free the same block concurrently (a caller bug): exactly
-        // one of the two compare-and-swaps wins, the other reports the double free.
-        if self
+        if block.order > crate::PCP_MAX_ORDER {
+            // No cache ever writes the tag of such a block: the zone lock serialises it.
+            self.tags.set(idx, Tag::Tail);
+        } else if self
             .tags
             .swap_if(idx, Tag::Allocated { order: block.order }, Tag::Tail)
             .is_err()
         {
+            // A per-thread cache freed the same block concurrently (a caller bug): exactly
+            // one of the two compare-and-swaps wins, the other reports the double free.
             self.check_allocated(block)?;
         }
         self.counters.frees[block.order.index()] += 1;

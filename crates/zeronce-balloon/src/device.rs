@@ -164,8 +164,9 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.negotiated().map(Negotiated::layout)
     }
 
-    /// The driver's feature acknowledgement (FEATURES_OK). Unoffered bits are refused
-    /// (the transport must then not set FEATURES_OK).
+    /// The driver's feature acknowledgement, called once when the driver sets
+    /// FEATURES_OK, with the full 64-bit set it wrote. Resets any previous state.
+    /// Unoffered bits are refused (the transport must then not set FEATURES_OK).
     pub fn ack_features(&mut self, acked: FeatureSet) -> Result<Negotiated, BalloonError> {
         let extra = acked.bits() & !self.device_features().bits();
         if extra != 0 {

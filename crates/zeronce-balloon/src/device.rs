@@ -11,29 +11,12 @@ use crate::config::ConfigSpace;
 use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder, PlannedDiscard};
 use crate::error::{BalloonError, NotReadyReason};
 use crate::features::{FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
+pub use crate::interrupt::InterruptSignal;
 use crate::metrics::BalloonMetrics;
 use crate::queues::inflate::{self, PartialPages};
 use crate::queues::stats::{self, GuestStats};
 use crate::queues::{collect_chain, reporting, Desc};
 use crate::spec::PFN_PAGE_SIZE;
-
-/// How the device tells the driver something happened: the VMM implements it over its
-/// transport (MSI-X / irqfd / MMIO interrupt status).
-pub trait InterruptSignal {
-    /// Buffers were used on queue `queue_index` (a used buffer notification).
-    fn signal_used_queue(&self, queue_index: u16);
-    /// The configuration space changed (`num_pages`).
-    fn signal_config_change(&self);
-}
-
-impl<T: InterruptSignal + ?Sized> InterruptSignal for Arc<T> {
-    fn signal_used_queue(&self, queue_index: u16) {
-        (**self).signal_used_queue(queue_index)
-    }
-    fn signal_config_change(&self) {
-        (**self).signal_config_change()
-    }
-}
 
 /// Device options chosen by the VMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -38,6 +38,7 @@ pub mod driver_queue;
 pub mod error;
 pub mod features;
 pub mod fuzzing;
+pub mod interrupt;
 pub mod metrics;
 pub mod mock;
 pub mod queues;

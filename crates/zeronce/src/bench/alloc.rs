@@ -352,3 +352,39 @@ pub fn run(args: &AllocArgs) -> BenchResult {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_allocator_runs_every_case() {
+        for case in Case::ALL {
+            for which in Which::ALL {
+                let t = measure(which, case, 3);
+                assert!(t.is_ok(), "{which:?} {case:?}: {t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn churn_reports_the_first_error() {
+        let mut n = 0;
+        let r = churn(
+            &mut n,
+            10,
+            4,
+            |n| {
+                *n += 1;
+                if *n == 7 {
+                    Err("full")
+                } else {
+                    Ok(*n)
+                }
+            },
+            |_, _| Ok::<(), &str>(()),
+        );
+        assert_eq!(r, Err("full".to_string()));
+        assert_eq!(n, 7);
+    }
+}

@@ -93,8 +93,11 @@ fn dirty_and_free(pm: &ProcessMemory, n: usize) -> Result<Instant, zeronce::Erro
     Ok(Instant::now())
 }
 
+/// Memory held: the process's anonymous + shmem RSS, plus hugetlb pages in use.
 fn rss_anon() -> f64 {
-    ProcessRss::read().map_or(0.0, |r| (r.anon + r.shmem) as f64)
+    let rss = ProcessRss::read().map_or(0, |r| r.anon + r.shmem);
+    let huge = HugePagePool::read(2 << 20).map_or(0, |p| p.in_use() * (2 << 20));
+    (rss + huge) as f64
 }
 
 /// One run of one mode: prepare, wait the gap, time the zeroed allocation.
@@ -172,8 +175,9 @@ fn summary(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> Summary {
 }
 
 /// JSON of one backing's results plus the (a)/(b) CPU ratios optimized / baseline.
-fn report(res: &Results) -> (Value, f64, f64) {
+fn report(res: &Results, arena: usize) -> (Value, f64, f64) {
     let mut variants = Map::new();
+    variants.insert("arena_bytes".into(), json!(arena));
     let mut ratios = [0.0; 2];
     for (v, name) in ["a_alloc_only", "b_alloc_touch"].into_iter().enumerate() {
         let mut modes = Map::new();
@@ -252,7 +256,7 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
         )
     };
     let thp = measure(arena, size, BackingKind::Anonymous { thp: true }, runs, gap)?;
-    let (thp_json, ratio_a, ratio_b) = report(&thp);
+    let (thp_json, ratio_a, ratio_b) = report(&thp, arena);
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).
     let huge_arena = 2 * size;
     let pool = HugePagePool::read(2 << 20).ok();
@@ -300,7 +304,7 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
         );
         out.insert("thp".into(), thp_json);
         match &hugetlb {
-            Some(h) => out.insert("hugetlb".into(), report(h).0),
+            Some(h) => out.insert("hugetlb".into(), report(h, huge_arena).0),
             None => out.insert("hugetlb".into(), json!({ "skipped": skip })),
         };
         out.insert(
@@ -322,7 +326,10 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
         &thp,
     );
     match &hugetlb {
-        Some(h) => print_table("alloc-once, hugetlb 2 MiB", h),
+        Some(h) => print_table(
+            &format!("alloc-once, hugetlb 2 MiB, {} MiB arena", huge_arena >> 20),
+            h,
+        ),
         None => println!("{skip}"),
     }
     println!("seed (VM, perf task-clock): baseline 232 ± 20 ms, optimized 51 ± 26 ms → 0.22");

@@ -8,7 +8,7 @@ use super::config::{ReportingConfig, ReportingConfigError};
 use super::device::{ReportingDevice, ReportingHooks};
 use super::engine::{PassKind, PassReport, ReportingEngine, ReportingStats};
 use crate::types::Order;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -21,9 +21,10 @@ struct Wake {
     shutdown: bool,
 }
 
-/// State shared between the reporter handle, the free path and the worker thread.
-struct Shared<H, D> {
-    hooks: Arc<H>,
+/// State shared between the reporter handle, the free path and the worker thread. It does
+/// not hold the allocator, so the allocator may hold it (through its notifier) without a
+/// reference cycle.
+struct Shared<D> {
     engine: ReportingEngine,
     device: Mutex<D>,
     wake: Mutex<Wake>,
@@ -34,7 +35,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<H, D> Shared<H, D> {
+impl<D> Shared<D> {
     fn wake(&self, f: impl FnOnce(&mut Wake)) {
         f(&mut lock(&self.wake));
         self.cv.notify_one();
@@ -47,7 +48,7 @@ pub trait FreeNotify: Send + Sync {
     fn freed(&self, order: Order);
 }
 
-impl<H: Send + Sync, D: Send> FreeNotify for Shared<H, D> {
+impl<D: Send> FreeNotify for Shared<D> {
     fn freed(&self, order: Order) {
         // One atomic load unless this free moves the engine out of IDLE.
         if self.engine.notify_free(order) {
@@ -56,23 +57,24 @@ impl<H: Send + Sync, D: Send> FreeNotify for Shared<H, D> {
     }
 }
 
-/// A weak handle on a [`Reporter`]'s free path (see [`Reporter::notifier`]).
+/// A handle on a [`Reporter`]'s free path (see [`Reporter::notifier`]). After the reporter
+/// is dropped it only flips the (unused) request state.
 #[derive(Clone)]
-pub struct Notifier(Weak<dyn FreeNotify>);
+pub struct Notifier(Arc<dyn FreeNotify>);
 
 impl Notifier {
-    /// A block of `order` (after merging) became free.
+    /// A block of `order` (after merging) became free: one atomic load unless the engine
+    /// is IDLE (no reference counting on the free path).
     pub fn freed(&self, order: Order) {
-        if let Some(n) = self.0.upgrade() {
-            n.freed(order);
-        }
+        self.0.freed(order);
     }
 }
 
 /// Free page reporting running in the background for one allocator and one device.
 /// Dropping it stops the worker cleanly (a pass in progress completes first).
 pub struct Reporter<H: ReportingHooks + Send + Sync + 'static, D: ReportingDevice + 'static> {
-    shared: Arc<Shared<H, D>>,
+    shared: Arc<Shared<D>>,
+    hooks: Arc<H>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -90,7 +92,6 @@ where
     ) -> Result<Self, ReportingConfigError> {
         let engine = ReportingEngine::new(config, device.capacity())?;
         let shared = Arc::new(Shared {
-            hooks,
             engine,
             device: Mutex::new(device),
             wake: Mutex::new(Wake::default()),
@@ -98,23 +99,21 @@ where
         });
         // Initial request (Linux: __page_reporting_request at register time).
         shared.freed(config.order);
-        let worker = Arc::clone(&shared);
+        let (worker, worker_hooks) = (Arc::clone(&shared), Arc::clone(&hooks));
         let thread = std::thread::Builder::new()
             .name("zeronce-report".into())
-            .spawn(move || worker_loop(&worker))
+            .spawn(move || worker_loop(&worker, &*worker_hooks))
             .expect("spawning the reporting worker thread");
         Ok(Reporter {
             shared,
+            hooks,
             thread: Some(thread),
         })
     }
 
-    /// The free-path hook to give the allocator. It holds the reporter weakly (the
-    /// allocator may outlive it, and must not keep it alive): after the reporter is
-    /// dropped it does nothing.
+    /// The free-path hook to give the allocator (it does not keep the allocator alive).
     pub fn notifier(&self) -> Notifier {
-        let weak: Weak<Shared<H, D>> = Arc::downgrade(&self.shared);
-        Notifier(weak)
+        Notifier(Arc::clone(&self.shared) as Arc<dyn FreeNotify>)
     }
 
     /// Same as `notifier().freed(order)`.
@@ -130,25 +129,19 @@ where
         if dev.hold_expiry().is_some_and(|t| t <= now) {
             self.shared
                 .engine
-                .pass(&*self.shared.hooks, &mut *dev, now, PassKind::Settle);
+                .pass(&*self.hooks, &mut *dev, now, PassKind::Settle);
         }
-        self.shared.engine.pass(
-            &*self.shared.hooks,
-            &mut *dev,
-            now,
-            PassKind::Flush { max_pages },
-        )
+        self.shared
+            .engine
+            .pass(&*self.hooks, &mut *dev, now, PassKind::Flush { max_pages })
     }
 
     /// Runs a settle pass now (held blocks whose hold is over get discarded).
     pub fn settle(&self) -> PassReport {
         let mut dev = lock(&self.shared.device);
-        self.shared.engine.pass(
-            &*self.shared.hooks,
-            &mut *dev,
-            Instant::now(),
-            PassKind::Settle,
-        )
+        self.shared
+            .engine
+            .pass(&*self.hooks, &mut *dev, Instant::now(), PassKind::Settle)
     }
 
     /// The engine (configuration, phase).
@@ -182,12 +175,12 @@ where
 }
 
 /// Sleep until notified or due, run what is due, repeat; never spins.
-fn worker_loop<H: ReportingHooks + Send + Sync, D: ReportingDevice>(s: &Shared<H, D>) {
+fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &Shared<D>, hooks: &H) {
     loop {
         lock(&s.wake).notified = false;
         let now = Instant::now();
         // A request seen for the first time starts its delay now.
-        s.engine.arm(&*s.hooks, now);
+        s.engine.arm(hooks, now);
         // The device lock may be held by a flush for a while: never with the wake lock
         // held, so the free path never waits behind a pass.
         let next = s.engine.next_wakeup(&*lock(&s.device));
@@ -217,7 +210,7 @@ fn worker_loop<H: ReportingHooks + Send + Sync, D: ReportingDevice>(s: &Shared<H
                 // Due: run without the wake lock so frees never wait for a pass.
                 drop(wake);
                 let mut dev = lock(&s.device);
-                s.engine.run_due(&*s.hooks, &mut *dev, Instant::now());
+                s.engine.run_due(hooks, &mut *dev, Instant::now());
             }
         }
     }

@@ -46,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod hugepool;
 mod manager;
 mod pcp;
 pub mod reporting;

@@ -1,0 +1,738 @@
+//! The huge-page pool and its pre-zeroing bookkeeping (DESIGN §6; the 003 seed's
+//! `zeroable_hugepages`, the 000 seed's `HPG_zeroed`). Pure state: no syscalls, no
+//! zeroing — it says *which* page to zero and *whether*; the effect layer does it.
+//!
+//! A [`HugePool`] holds pages of one order (9 = 2 MiB, 18 = 1 GiB) per node, either carved
+//! from a [`MemoryManager`] (surplus pages: [`HugePool::carve`], given back with
+//! [`HugePool::release_to`]) or standing alone over a PFN range (hugetlbfs-like backing:
+//! [`HugePool::add_range`]). Each page is in exactly one [`PageState`]:
+//!
+//! | event | state after |
+//! |---|---|
+//! | carved with a zero-request, or the buddy block was known zero (e.g. host-zeroed) | `Free { known_zero: true }` |
+//! | carved without zero-request from a dirty block | `Free { known_zero: false }` |
+//! | freed by its user ([`FreeHint::Dirty`]) | `Free { known_zero: false }` (HPG_zeroed cleared) |
+//! | freed with [`FreeHint::KnownZero`] | `Free { known_zero: true }` |
+//! | taken by a zeroer ([`HugePool::take_zeroable`]) | `Zeroing` — cannot be allocated |
+//! | [`HugePool::finish_zeroing`] ok / failed | `Free { known_zero: true }` / `Free { known_zero: false }` |
+//! | allocated | `InUse` |
+//!
+//! **Zeroable** = free pages not known zero: a page the host (or anyone) already zeroed is
+//! no work. **Allocation** ([`HugePool::alloc`]): a zero-request takes a known-zero page
+//! (no write) and only if there is none a dirty one, which the caller must zero inline
+//! ([`PoolZeroing::Required`], counted); any other request prefers dirty pages, saving
+//! known-zero ones for zero-requests. Dirty pages are a deque: frees push at the back,
+//! non-zero requests take the back (most recently freed, likely cache-hot), the zeroer
+//! takes the front (oldest, coldest).
+//!
+//! **Notification** ([`HugePool::set_event_hook`]): an [`EventHook`] is called when a
+//! node's zeroable count grows, rate-limited per node by an injected [`Clock`] with a
+//! trailing event (see [`events`]).
+
+pub mod events;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+pub use events::{Clock, EventHook, ManualClock, ZeroableEvent};
+
+use crate::error::{AllocError, FreeError};
+use crate::manager::{AllocRequest, FreeHint, MemoryManager, Zeroing};
+use crate::types::{Block, Order, PageRange, Pfn, ZoneId};
+use events::Notifier;
+
+/// Where a pool page came from (and where it can go back to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Carved from a [`MemoryManager`]; [`HugePool::release_to`] gives it back.
+    Buddy,
+    /// Part of a range added with [`HugePool::add_range`]; stays in the pool.
+    Standalone,
+}
+
+/// State of one pool page. Illegal combinations (in use *and* known zero, zeroing *and*
+/// allocatable) cannot be expressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageState {
+    /// In the pool, allocatable.
+    Free {
+        /// Every byte is known to read zero (HPG_zeroed).
+        known_zero: bool,
+    },
+    /// Handed out by [`HugePool::alloc`].
+    InUse,
+    /// Handed to a zeroer by [`HugePool::take_zeroable`]; not allocatable until
+    /// [`HugePool::finish_zeroing`].
+    Zeroing,
+}
+
+/// A page of the pool: `2^order` frames at `pfn` on `node`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HugePage {
+    /// First frame.
+    pub pfn: Pfn,
+    /// Size class (the pool's order).
+    pub order: Order,
+    /// Node (zone) it belongs to.
+    pub node: ZoneId,
+}
+
+impl HugePage {
+    /// The page as a buddy block.
+    pub fn block(self) -> Block {
+        Block::new(self.pfn, self.order)
+    }
+
+    /// Its frames.
+    pub fn range(self) -> PageRange {
+        self.block().range()
+    }
+}
+
+/// A page handed to a zeroer. Not `Clone`: exactly one [`HugePool::finish_zeroing`] per
+/// ticket puts the page back.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a page being zeroed stays unallocatable until finish_zeroing"]
+pub struct ZeroingTicket {
+    page: HugePage,
+}
+
+impl ZeroingTicket {
+    /// The page to zero.
+    pub fn page(&self) -> HugePage {
+        self.page
+    }
+}
+
+/// What the caller of [`HugePool::alloc`] must do about zeroing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolZeroing {
+    /// Zero-request served from a known-zero page: write nothing.
+    Skipped,
+    /// Zero-request served from a dirty page (no known-zero page left): the caller must
+    /// zero it before use.
+    Required,
+    /// No zero-request: contents are whatever they were.
+    NotRequested,
+}
+
+/// A page handed out by [`HugePool::alloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolAllocation {
+    /// The page; free it with [`HugePool::free`].
+    pub page: HugePage,
+    /// Whether the caller must zero it.
+    pub zeroing: PoolZeroing,
+}
+
+/// Counters of a pool (monotonic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounters {
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Zero-requests served from known-zero pages (no zeroing on the allocation path).
+    pub allocs_prezeroed: u64,
+    /// Zero-requests served from dirty pages (zeroed inline by the caller).
+    pub allocs_zeroed_inline: u64,
+    /// Allocations that failed (no allocatable page).
+    pub alloc_failures: u64,
+    /// Frees.
+    pub frees: u64,
+    /// Pages zeroed by a zeroer ([`HugePool::finish_zeroing`] with `ok`).
+    pub pages_prezeroed: u64,
+    /// Pages a zeroer gave back unzeroed (cancelled or failed).
+    pub zeroing_aborted: u64,
+    /// Events delivered to the hook.
+    pub events: u64,
+}
+
+/// Page counts of one node (or the whole pool), by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    /// Free, known zero.
+    pub free_zero: u64,
+    /// Free, not known zero: the zeroable pages.
+    pub zeroable: u64,
+    /// Handed out.
+    pub in_use: u64,
+    /// Being zeroed.
+    pub zeroing: u64,
+}
+
+impl PoolCounts {
+    /// All pages.
+    pub fn total(&self) -> u64 {
+        self.free_zero + self.zeroable + self.in_use + self.zeroing
+    }
+}
+
+/// Why a pool operation was refused. Nothing changed, unless the variant says otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum HugePoolError {
+    /// A range given to [`HugePool::add_range`] is empty or not aligned to the pool's order.
+    #[error("{range:?} is not a whole number of aligned {order} pages")]
+    Unaligned {
+        /// The range.
+        range: PageRange,
+        /// The pool's order.
+        order: Order,
+    },
+    /// A page being added is already in the pool.
+    #[error("{0} is already in the pool")]
+    AlreadyInPool(Pfn),
+    /// The page is not in this pool (or not with this order / node).
+    #[error("{0:?} is not a page of this pool")]
+    ForeignPage(HugePage),
+    /// The page is already free.
+    #[error("double free of {0:?}")]
+    DoubleFree(HugePage),
+    /// The page is being zeroed; only its ticket can put it back.
+    #[error("{0:?} is being zeroed, not allocated")]
+    BeingZeroed(HugePage),
+    /// The ticket's page is not being zeroed (a ticket of another pool).
+    #[error("{0:?} is not being zeroed")]
+    NotZeroing(HugePage),
+    /// No allocatable page on the node(s) asked for; `zeroing` pages will come back after
+    /// their zeroer finishes (retry then).
+    #[error("no free huge page (node {node:?}); {zeroing} being zeroed")]
+    Exhausted {
+        /// The node asked for (`None`: any).
+        node: Option<ZoneId>,
+        /// Pages currently being zeroed there.
+        zeroing: u64,
+    },
+    /// The buddy allocator refused to give a page.
+    #[error("carving from the buddy allocator: {0}")]
+    Carve(#[from] AllocError),
+    /// The buddy allocator refused a page given back. The page was removed from the pool
+    /// anyway (it is not the pool's any more, and not free in the manager: a bug).
+    #[error("giving back to the buddy allocator: {0}")]
+    Release(#[from] FreeError),
+}
+
+/// One page's record.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    page: HugePage,
+    origin: Origin,
+    state: PageState,
+}
+
+/// Free lists and counts of one node. Lists hold slot indices; every state change pops
+/// from or pushes to them, so they never hold stale entries.
+#[derive(Clone, Debug, Default)]
+struct Node {
+    known_zero: Vec<u32>,
+    dirty: VecDeque<u32>,
+    in_use: u64,
+    zeroing: u64,
+}
+
+/// The huge-page pool; see the module docs.
+pub struct HugePool {
+    order: Order,
+    slots: Vec<Option<Slot>>,
+    vacant: Vec<u32>,
+    by_pfn: HashMap<Pfn, u32>,
+    nodes: Vec<Node>,
+    counters: PoolCounters,
+    notifier: Option<Notifier>,
+}
+
+impl std::fmt::Debug for HugePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HugePool")
+            .field("order", &self.order)
+            .field("counts", &self.counts())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HugePool {
+    /// An empty pool of pages of `order`.
+    pub fn new(order: Order) -> HugePool {
+        HugePool {
+            order,
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            by_pfn: HashMap::new(),
+            nodes: Vec::new(),
+            counters: PoolCounters::default(),
+            notifier: None,
+        }
+    }
+
+    /// The pool's page order.
+    pub fn order(&self) -> Order {
+        self.order
+    }
+
+    /// Calls `hook` when a node's zeroable count grows, at most once per `min_interval` of
+    /// `clock` per node, with trailing events (fired by [`HugePool::poll_events`]).
+    pub fn set_event_hook(
+        &mut self,
+        hook: EventHook,
+        clock: Arc<dyn Clock>,
+        min_interval: Duration,
+    ) {
+        self.notifier = Some(Notifier::new(hook, clock, min_interval));
+    }
+
+    /// Fires the held-back events that are due; returns when the next one will be (call
+    /// again then), `None` if none is pending.
+    pub fn poll_events(&mut self) -> Option<Duration> {
+        let mut notifier = self.notifier.take()?;
+        let next = notifier.poll(|node| self.zeroable(node));
+        self.notifier = Some(notifier);
+        next
+    }
+
+    /// When the next held-back event is due (`None`: none pending).
+    pub fn next_event_deadline(&self) -> Option<Duration> {
+        self.notifier.as_ref().and_then(Notifier::next_deadline)
+    }
+
+    /// The hook's clock (`None` without a hook).
+    pub fn clock_now(&self) -> Option<Duration> {
+        self.notifier.as_ref().map(Notifier::now)
+    }
+
+    fn node_mut(&mut self, node: ZoneId) -> &mut Node {
+        if self.nodes.len() <= node.0 {
+            self.nodes.resize(node.0 + 1, Node::default());
+        }
+        &mut self.nodes[node.0]
+    }
+
+    /// Records a new page, free in the given state.
+    fn insert(
+        &mut self,
+        page: HugePage,
+        origin: Origin,
+        known_zero: bool,
+    ) -> Result<(), HugePoolError> {
+        if self.by_pfn.contains_key(&page.pfn) {
+            return Err(HugePoolError::AlreadyInPool(page.pfn));
+        }
+        let slot = Slot {
+            page,
+            origin,
+            state: PageState::Free { known_zero },
+        };
+        let index = match self.vacant.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.by_pfn.insert(page.pfn, index);
+        self.push_free(page.node, index, known_zero);
+        Ok(())
+    }
+
+    fn push_free(&mut self, node: ZoneId, index: u32, known_zero: bool) {
+        let n = self.node_mut(node);
+        if known_zero {
+            n.known_zero.push(index);
+        } else {
+            n.dirty.push_back(index);
+        }
+    }
+
+    /// The zeroable count of `node` grew.
+    fn zeroable_grew(&mut self, node: ZoneId) {
+        let zeroable = self.zeroable(node);
+        if let Some(notifier) = self.notifier.as_mut() {
+            notifier.grew(node, zeroable);
+        }
+    }
+
+    /// Adds every page of `range` (aligned to the pool's order) on `node`, free, known zero
+    /// or not (fresh untouched memory reads zero). All or nothing.
+    pub fn add_range(
+        &mut self,
+        node: ZoneId,
+        range: PageRange,
+        known_zero: bool,
+    ) -> Result<u64, HugePoolError> {
+        let unaligned = HugePoolError::Unaligned {
+            range,
+            order: self.order,
+        };
+        if range.pages == 0
+            || !range.start.is_aligned(self.order)
+            || !range.pages.is_multiple_of(self.order.pages())
+        {
+            return Err(unaligned);
+        }
+        let count = range.pages / self.order.pages();
+        let order = self.order;
+        let pages = (0..count).map(|i| HugePage {
+            pfn: Pfn(range.start.0 + i * order.pages()),
+            order,
+            node,
+        });
+        if let Some(p) = pages.clone().find(|p| self.by_pfn.contains_key(&p.pfn)) {
+            return Err(HugePoolError::AlreadyInPool(p.pfn));
+        }
+        for page in pages {
+            self.insert(page, Origin::Standalone, known_zero)?;
+        }
+        if !known_zero {
+            self.zeroable_grew(node);
+        }
+        Ok(count)
+    }
+
+    /// Takes up to `count` pages of the pool's order from `mm` (surplus pages), with a
+    /// zero-request if `zeroed` (the manager skips zeroing known-zero blocks). A page is
+    /// known zero if it was zeroed or its buddy block was known zero (e.g. reported and
+    /// zeroed by the host): such pages are no zeroable work. Stops at the first failure
+    /// (returned if no page was carved). Returns the pages carved.
+    pub fn carve(
+        &mut self,
+        mm: &MemoryManager,
+        count: u64,
+        zeroed: bool,
+    ) -> Result<u64, HugePoolError> {
+        let req = AllocRequest { zeroed, hint: None };
+        let mut carved = 0;
+        let mut grew = Vec::new();
+        for _ in 0..count {
+            let a = match mm.alloc(self.order, req) {
+                Ok(a) => a,
+                Err(e) if carved == 0 => return Err(e.into()),
+                Err(_) => break,
+            };
+            let known_zero = a.zeroing != Zeroing::NotRequested || a.prior.known_zero;
+            let page = HugePage {
+                pfn: a.block.pfn,
+                order: self.order,
+                node: a.zone,
+            };
+            if let Err(e) = self.insert(page, Origin::Buddy, known_zero) {
+                // Only possible if the manager handed out a page twice; keep it out.
+                let _ = mm.free(a.block, FreeHint::Dirty);
+                return Err(e);
+            }
+            carved += 1;
+            if !known_zero && !grew.contains(&a.zone) {
+                grew.push(a.zone);
+            }
+        }
+        for node in grew {
+            self.zeroable_grew(node);
+        }
+        Ok(carved)
+    }
+
+    /// Gives up to `max` free buddy-carved pages back to `mm` (dirty ones first; known-zero
+    /// ones with [`FreeHint::KnownZero`], so the manager keeps the fact). Returns the
+    /// pages released.
+    pub fn release_to(&mut self, mm: &MemoryManager, max: u64) -> Result<u64, HugePoolError> {
+        let mut released = 0;
+        for node in 0..self.nodes.len() {
+            for known_zero in [false, true] {
+                while released < max {
+                    let Some(index) =
+                        self.pop_free_where(node, known_zero, |s| s.origin == Origin::Buddy)
+                    else {
+                        break;
+                    };
+                    let slot = self.remove_slot(index);
+                    let hint = if known_zero {
+                        FreeHint::KnownZero
+                    } else {
+                        FreeHint::Dirty
+                    };
+                    mm.free(slot.page.block(), hint)?;
+                    released += 1;
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    /// Pops a free page of `node` in the given state whose slot satisfies `keep`.
+    fn pop_free_where(
+        &mut self,
+        node: usize,
+        known_zero: bool,
+        keep: impl Fn(&Slot) -> bool,
+    ) -> Option<u32> {
+        let slots = &self.slots;
+        let ok = |i: &u32| slots[*i as usize].as_ref().is_some_and(&keep);
+        let n = &mut self.nodes[node];
+        if known_zero {
+            let at = n.known_zero.iter().rposition(ok)?;
+            Some(n.known_zero.swap_remove(at))
+        } else {
+            let at = n.dirty.iter().rposition(ok)?;
+            n.dirty.remove(at)
+        }
+    }
+
+    fn remove_slot(&mut self, index: u32) -> Slot {
+        let slot = self.slots[index as usize]
+            .take()
+            .expect("listed slot exists");
+        self.by_pfn.remove(&slot.page.pfn);
+        self.vacant.push(index);
+        slot
+    }
+
+    /// Allocates a page on `node` (or any node, known-zero pages of every node first for a
+    /// zero-request). See the module docs for the preference; the caller must zero the
+    /// page when told [`PoolZeroing::Required`].
+    pub fn alloc(
+        &mut self,
+        node: Option<ZoneId>,
+        zeroed: bool,
+    ) -> Result<PoolAllocation, HugePoolError> {
+        let nodes: Vec<usize> = match node {
+            Some(n) => vec![n.0],
+            None => (0..self.nodes.len()).collect(),
+        };
+        let order = if zeroed { [true, false] } else { [false, true] };
+        let found = order.into_iter().find_map(|known_zero| {
+            nodes.iter().find_map(|&n| {
+                let list = self.nodes.get_mut(n)?;
+                let index = if known_zero {
+                    list.known_zero.pop()
+                } else {
+                    list.dirty.pop_back()
+                }?;
+                Some((index, known_zero))
+            })
+        });
+        let Some((index, known_zero)) = found else {
+            self.counters.alloc_failures += 1;
+            let zeroing = nodes
+                .iter()
+                .filter_map(|&n| self.nodes.get(n))
+                .map(|n| n.zeroing)
+                .sum();
+            return Err(HugePoolError::Exhausted { node, zeroing });
+        };
+        let slot = self.slots[index as usize]
+            .as_mut()
+            .expect("listed slot exists");
+        slot.state = PageState::InUse;
+        let page = slot.page;
+        self.node_mut(page.node).in_use += 1;
+        self.counters.allocs += 1;
+        let zeroing = match (zeroed, known_zero) {
+            (false, _) => PoolZeroing::NotRequested,
+            (true, true) => {
+                self.counters.allocs_prezeroed += 1;
+                PoolZeroing::Skipped
+            }
+            (true, false) => {
+                self.counters.allocs_zeroed_inline += 1;
+                PoolZeroing::Required
+            }
+        };
+        Ok(PoolAllocation { page, zeroing })
+    }
+
+    /// Looks `page` up, checking it is this pool's page with this order and node.
+    fn index_of(&self, page: HugePage) -> Result<u32, HugePoolError> {
+        let index = *self
+            .by_pfn
+            .get(&page.pfn)
+            .ok_or(HugePoolError::ForeignPage(page))?;
+        match &self.slots[index as usize] {
+            Some(s) if s.page == page => Ok(index),
+            _ => Err(HugePoolError::ForeignPage(page)),
+        }
+    }
+
+    /// Gives an allocated page back: dirty (HPG_zeroed cleared), or known zero with
+    /// [`FreeHint::KnownZero`] when the caller knows it reads zero.
+    pub fn free(&mut self, page: HugePage, hint: FreeHint) -> Result<(), HugePoolError> {
+        let index = self.index_of(page)?;
+        let slot = self.slots[index as usize]
+            .as_mut()
+            .expect("indexed slot exists");
+        match slot.state {
+            PageState::InUse => {}
+            PageState::Free { .. } => return Err(HugePoolError::DoubleFree(page)),
+            PageState::Zeroing => return Err(HugePoolError::BeingZeroed(page)),
+        }
+        let known_zero = hint == FreeHint::KnownZero;
+        slot.state = PageState::Free { known_zero };
+        self.node_mut(page.node).in_use -= 1;
+        self.push_free(page.node, index, known_zero);
+        self.counters.frees += 1;
+        if !known_zero {
+            self.zeroable_grew(page.node);
+        }
+        Ok(())
+    }
+
+    /// Free pages of `node` not known zero: the work a pre-zeroer can do there.
+    pub fn zeroable(&self, node: ZoneId) -> u64 {
+        self.nodes.get(node.0).map_or(0, |n| n.dirty.len() as u64)
+    }
+
+    /// Zeroable pages of every node.
+    pub fn zeroable_total(&self) -> u64 {
+        self.nodes.iter().map(|n| n.dirty.len() as u64).sum()
+    }
+
+    /// Hands up to `max` zeroable pages of `node` (oldest freed first) to a zeroer; they
+    /// cannot be allocated until [`HugePool::finish_zeroing`].
+    pub fn take_zeroable(&mut self, node: ZoneId, max: u64) -> Vec<ZeroingTicket> {
+        let Some(n) = self.nodes.get_mut(node.0) else {
+            return Vec::new();
+        };
+        let take = (max.min(n.dirty.len() as u64)) as usize;
+        let indices: Vec<u32> = n.dirty.drain(..take).collect();
+        n.zeroing += take as u64;
+        indices
+            .into_iter()
+            .map(|i| {
+                let slot = self.slots[i as usize].as_mut().expect("listed slot exists");
+                slot.state = PageState::Zeroing;
+                ZeroingTicket { page: slot.page }
+            })
+            .collect()
+    }
+
+    /// Puts a page back from its zeroer: known zero if `zeroed`, else dirty again
+    /// (cancelled / failed; it is zeroable again).
+    pub fn finish_zeroing(
+        &mut self,
+        ticket: ZeroingTicket,
+        zeroed: bool,
+    ) -> Result<(), HugePoolError> {
+        let page = ticket.page;
+        let index = self.index_of(page)?;
+        let slot = self.slots[index as usize]
+            .as_mut()
+            .expect("indexed slot exists");
+        if slot.state != PageState::Zeroing {
+            return Err(HugePoolError::NotZeroing(page));
+        }
+        slot.state = PageState::Free { known_zero: zeroed };
+        self.node_mut(page.node).zeroing -= 1;
+        if zeroed {
+            self.counters.pages_prezeroed += 1;
+            self.node_mut(page.node).known_zero.push(index);
+        } else {
+            self.counters.zeroing_aborted += 1;
+            // Back at the front: it was the oldest, and stays first in line.
+            self.node_mut(page.node).dirty.push_front(index);
+            self.zeroable_grew(page.node);
+        }
+        Ok(())
+    }
+
+    /// The state of the page starting at `pfn` (`None`: not a page of this pool).
+    pub fn state_of(&self, pfn: Pfn) -> Option<(HugePage, PageState)> {
+        let index = *self.by_pfn.get(&pfn)?;
+        self.slots[index as usize].map(|s| (s.page, s.state))
+    }
+
+    /// Page counts of `node`.
+    pub fn node_counts(&self, node: ZoneId) -> PoolCounts {
+        self.nodes
+            .get(node.0)
+            .map_or_else(PoolCounts::default, |n| PoolCounts {
+                free_zero: n.known_zero.len() as u64,
+                zeroable: n.dirty.len() as u64,
+                in_use: n.in_use,
+                zeroing: n.zeroing,
+            })
+    }
+
+    /// Page counts of the whole pool.
+    pub fn counts(&self) -> PoolCounts {
+        (0..self.nodes.len()).fold(PoolCounts::default(), |mut acc, i| {
+            let c = self.node_counts(ZoneId(i));
+            acc.free_zero += c.free_zero;
+            acc.zeroable += c.zeroable;
+            acc.in_use += c.in_use;
+            acc.zeroing += c.zeroing;
+            acc
+        })
+    }
+
+    /// Number of nodes that have (or had) pages: ids are `0..node_count()`.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> PoolCounters {
+        PoolCounters {
+            events: self.notifier.as_ref().map_or(0, Notifier::fired),
+            ..self.counters
+        }
+    }
+
+    /// Checks that lists, counts and page states agree (O(pages)); `Err` names the first
+    /// disagreement. A bug in this module if it fails.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut seen = vec![false; self.slots.len()];
+        for (n, node) in self.nodes.iter().enumerate() {
+            let lists = node
+                .known_zero
+                .iter()
+                .map(|i| (i, PageState::Free { known_zero: true }));
+            let lists = lists.chain(
+                node.dirty
+                    .iter()
+                    .map(|i| (i, PageState::Free { known_zero: false })),
+            );
+            for (&i, want) in lists {
+                let slot = self.slots[i as usize].ok_or(format!("listed slot {i} is vacant"))?;
+                if std::mem::replace(&mut seen[i as usize], true) {
+                    return Err(format!("{:?} listed twice", slot.page));
+                }
+                if slot.state != want || slot.page.node != ZoneId(n) {
+                    return Err(format!(
+                        "{:?} listed as {want:?} on node {n}, is {:?}",
+                        slot.page, slot.state
+                    ));
+                }
+            }
+            let count = |st: PageState| {
+                self.slots
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.page.node == ZoneId(n) && s.state == st)
+                    .count() as u64
+            };
+            if count(PageState::InUse) != node.in_use || count(PageState::Zeroing) != node.zeroing {
+                return Err(format!("node {n}: in-use / zeroing counts are off"));
+            }
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            match slot {
+                Some(s) if matches!(s.state, PageState::Free { .. }) && !seen[i] => {
+                    return Err(format!("free {:?} is on no list", s.page));
+                }
+                Some(s) if self.by_pfn.get(&s.page.pfn) != Some(&(i as u32)) => {
+                    return Err(format!("{:?} is not indexed", s.page));
+                }
+                _ => {}
+            }
+        }
+        if self.by_pfn.len() != self.slots.iter().flatten().count() {
+            return Err("index and slots disagree".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

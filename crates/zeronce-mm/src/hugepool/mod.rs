@@ -3,7 +3,7 @@
 //! zeroing — it says *which* page to zero and *whether*; the effect layer does it.
 //!
 //! A [`HugePool`] holds pages of one order (9 = 2 MiB, 18 = 1 GiB) per node, either carved
-//! from a [`MemoryManager`] (surplus pages: [`HugePool::carve`], given back with
+//! from a [`MemoryManager`](crate::MemoryManager) (surplus pages: [`HugePool::carve`], given back with
 //! [`HugePool::release_to`]) or standing alone over a PFN range (hugetlbfs-like backing:
 //! [`HugePool::add_range`]). Each page is in exactly one [`PageState`]:
 //!
@@ -29,189 +29,24 @@
 //! node's zeroable count grows, rate-limited per node by an injected [`Clock`] with a
 //! trailing event (see [`events`]).
 
+mod buddy;
+mod check;
 pub mod events;
+mod types;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use thiserror::Error;
-
 pub use events::{Clock, EventHook, ManualClock, ZeroableEvent};
+pub use types::{
+    HugePage, HugePoolError, Origin, PageState, PoolAllocation, PoolCounters, PoolCounts,
+    PoolZeroing, ZeroingTicket,
+};
 
-use crate::error::{AllocError, FreeError};
-use crate::manager::{AllocRequest, FreeHint, MemoryManager, Zeroing};
-use crate::types::{Block, Order, PageRange, Pfn, ZoneId};
+use crate::manager::FreeHint;
+use crate::types::{Order, PageRange, Pfn, ZoneId};
 use events::Notifier;
-
-/// Where a pool page came from (and where it can go back to).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
-    /// Carved from a [`MemoryManager`]; [`HugePool::release_to`] gives it back.
-    Buddy,
-    /// Part of a range added with [`HugePool::add_range`]; stays in the pool.
-    Standalone,
-}
-
-/// State of one pool page. Illegal combinations (in use *and* known zero, zeroing *and*
-/// allocatable) cannot be expressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PageState {
-    /// In the pool, allocatable.
-    Free {
-        /// Every byte is known to read zero (HPG_zeroed).
-        known_zero: bool,
-    },
-    /// Handed out by [`HugePool::alloc`].
-    InUse,
-    /// Handed to a zeroer by [`HugePool::take_zeroable`]; not allocatable until
-    /// [`HugePool::finish_zeroing`].
-    Zeroing,
-}
-
-/// A page of the pool: `2^order` frames at `pfn` on `node`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct HugePage {
-    /// First frame.
-    pub pfn: Pfn,
-    /// Size class (the pool's order).
-    pub order: Order,
-    /// Node (zone) it belongs to.
-    pub node: ZoneId,
-}
-
-impl HugePage {
-    /// The page as a buddy block.
-    pub fn block(self) -> Block {
-        Block::new(self.pfn, self.order)
-    }
-
-    /// Its frames.
-    pub fn range(self) -> PageRange {
-        self.block().range()
-    }
-}
-
-/// A page handed to a zeroer. Not `Clone`: exactly one [`HugePool::finish_zeroing`] per
-/// ticket puts the page back.
-#[derive(Debug, PartialEq, Eq)]
-#[must_use = "a page being zeroed stays unallocatable until finish_zeroing"]
-pub struct ZeroingTicket {
-    page: HugePage,
-}
-
-impl ZeroingTicket {
-    /// The page to zero.
-    pub fn page(&self) -> HugePage {
-        self.page
-    }
-}
-
-/// What the caller of [`HugePool::alloc`] must do about zeroing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PoolZeroing {
-    /// Zero-request served from a known-zero page: write nothing.
-    Skipped,
-    /// Zero-request served from a dirty page (no known-zero page left): the caller must
-    /// zero it before use.
-    Required,
-    /// No zero-request: contents are whatever they were.
-    NotRequested,
-}
-
-/// A page handed out by [`HugePool::alloc`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolAllocation {
-    /// The page; free it with [`HugePool::free`].
-    pub page: HugePage,
-    /// Whether the caller must zero it.
-    pub zeroing: PoolZeroing,
-}
-
-/// Counters of a pool (monotonic).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolCounters {
-    /// Successful allocations.
-    pub allocs: u64,
-    /// Zero-requests served from known-zero pages (no zeroing on the allocation path).
-    pub allocs_prezeroed: u64,
-    /// Zero-requests served from dirty pages (zeroed inline by the caller).
-    pub allocs_zeroed_inline: u64,
-    /// Allocations that failed (no allocatable page).
-    pub alloc_failures: u64,
-    /// Frees.
-    pub frees: u64,
-    /// Pages zeroed by a zeroer ([`HugePool::finish_zeroing`] with `ok`).
-    pub pages_prezeroed: u64,
-    /// Pages a zeroer gave back unzeroed (cancelled or failed).
-    pub zeroing_aborted: u64,
-    /// Events delivered to the hook.
-    pub events: u64,
-}
-
-/// Page counts of one node (or the whole pool), by state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolCounts {
-    /// Free, known zero.
-    pub free_zero: u64,
-    /// Free, not known zero: the zeroable pages.
-    pub zeroable: u64,
-    /// Handed out.
-    pub in_use: u64,
-    /// Being zeroed.
-    pub zeroing: u64,
-}
-
-impl PoolCounts {
-    /// All pages.
-    pub fn total(&self) -> u64 {
-        self.free_zero + self.zeroable + self.in_use + self.zeroing
-    }
-}
-
-/// Why a pool operation was refused. Nothing changed, unless the variant says otherwise.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
-pub enum HugePoolError {
-    /// A range given to [`HugePool::add_range`] is empty or not aligned to the pool's order.
-    #[error("{range:?} is not a whole number of aligned {order} pages")]
-    Unaligned {
-        /// The range.
-        range: PageRange,
-        /// The pool's order.
-        order: Order,
-    },
-    /// A page being added is already in the pool.
-    #[error("{0} is already in the pool")]
-    AlreadyInPool(Pfn),
-    /// The page is not in this pool (or not with this order / node).
-    #[error("{0:?} is not a page of this pool")]
-    ForeignPage(HugePage),
-    /// The page is already free.
-    #[error("double free of {0:?}")]
-    DoubleFree(HugePage),
-    /// The page is being zeroed; only its ticket can put it back.
-    #[error("{0:?} is being zeroed, not allocated")]
-    BeingZeroed(HugePage),
-    /// The ticket's page is not being zeroed (a ticket of another pool).
-    #[error("{0:?} is not being zeroed")]
-    NotZeroing(HugePage),
-    /// No allocatable page on the node(s) asked for; `zeroing` pages will come back after
-    /// their zeroer finishes (retry then).
-    #[error("no free huge page (node {node:?}); {zeroing} being zeroed")]
-    Exhausted {
-        /// The node asked for (`None`: any).
-        node: Option<ZoneId>,
-        /// Pages currently being zeroed there.
-        zeroing: u64,
-    },
-    /// The buddy allocator refused to give a page.
-    #[error("carving from the buddy allocator: {0}")]
-    Carve(#[from] AllocError),
-    /// The buddy allocator refused a page given back. The page was removed from the pool
-    /// anyway (it is not the pool's any more, and not free in the manager: a bug).
-    #[error("giving back to the buddy allocator: {0}")]
-    Release(#[from] FreeError),
-}
 
 /// One page's record.
 #[derive(Clone, Copy, Debug)]
@@ -390,103 +225,6 @@ impl HugePool {
             self.zeroable_grew(node);
         }
         Ok(count)
-    }
-
-    /// Takes up to `count` pages of the pool's order from `mm` (surplus pages), with a
-    /// zero-request if `zeroed` (the manager skips zeroing known-zero blocks). A page is
-    /// known zero if it was zeroed or its buddy block was known zero (e.g. reported and
-    /// zeroed by the host): such pages are no zeroable work. Stops at the first failure
-    /// (returned if no page was carved). Returns the pages carved.
-    pub fn carve(
-        &mut self,
-        mm: &MemoryManager,
-        count: u64,
-        zeroed: bool,
-    ) -> Result<u64, HugePoolError> {
-        let req = AllocRequest { zeroed, hint: None };
-        let mut carved = 0;
-        let mut grew = Vec::new();
-        for _ in 0..count {
-            let a = match mm.alloc(self.order, req) {
-                Ok(a) => a,
-                Err(e) if carved == 0 => return Err(e.into()),
-                Err(_) => break,
-            };
-            let known_zero = a.zeroing != Zeroing::NotRequested || a.prior.known_zero;
-            let page = HugePage {
-                pfn: a.block.pfn,
-                order: self.order,
-                node: a.zone,
-            };
-            if let Err(e) = self.insert(page, Origin::Buddy, known_zero) {
-                // Only possible if the manager handed out a page twice; keep it out.
-                let _ = mm.free(a.block, FreeHint::Dirty);
-                return Err(e);
-            }
-            carved += 1;
-            if !known_zero && !grew.contains(&a.zone) {
-                grew.push(a.zone);
-            }
-        }
-        for node in grew {
-            self.zeroable_grew(node);
-        }
-        Ok(carved)
-    }
-
-    /// Gives up to `max` free buddy-carved pages back to `mm` (dirty ones first; known-zero
-    /// ones with [`FreeHint::KnownZero`], so the manager keeps the fact). Returns the
-    /// pages released.
-    pub fn release_to(&mut self, mm: &MemoryManager, max: u64) -> Result<u64, HugePoolError> {
-        let mut released = 0;
-        for node in 0..self.nodes.len() {
-            for known_zero in [false, true] {
-                while released < max {
-                    let Some(index) =
-                        self.pop_free_where(node, known_zero, |s| s.origin == Origin::Buddy)
-                    else {
-                        break;
-                    };
-                    let slot = self.remove_slot(index);
-                    let hint = if known_zero {
-                        FreeHint::KnownZero
-                    } else {
-                        FreeHint::Dirty
-                    };
-                    mm.free(slot.page.block(), hint)?;
-                    released += 1;
-                }
-            }
-        }
-        Ok(released)
-    }
-
-    /// Pops a free page of `node` in the given state whose slot satisfies `keep`.
-    fn pop_free_where(
-        &mut self,
-        node: usize,
-        known_zero: bool,
-        keep: impl Fn(&Slot) -> bool,
-    ) -> Option<u32> {
-        let slots = &self.slots;
-        let ok = |i: &u32| slots[*i as usize].as_ref().is_some_and(&keep);
-        let n = &mut self.nodes[node];
-        if known_zero {
-            let at = n.known_zero.iter().rposition(ok)?;
-            Some(n.known_zero.swap_remove(at))
-        } else {
-            let at = n.dirty.iter().rposition(ok)?;
-            n.dirty.remove(at)
-        }
-    }
-
-    fn remove_slot(&mut self, index: u32) -> Slot {
-        let slot = self.slots[index as usize]
-            .take()
-            .expect("listed slot exists");
-        self.by_pfn.remove(&slot.page.pfn);
-        self.vacant.push(index);
-        slot
     }
 
     /// Allocates a page on `node` (or any node, known-zero pages of every node first for a
@@ -677,60 +415,6 @@ impl HugePool {
             events: self.notifier.as_ref().map_or(0, Notifier::fired),
             ..self.counters
         }
-    }
-
-    /// Checks that lists, counts and page states agree (O(pages)); `Err` names the first
-    /// disagreement. A bug in this module if it fails.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let mut seen = vec![false; self.slots.len()];
-        for (n, node) in self.nodes.iter().enumerate() {
-            let lists = node
-                .known_zero
-                .iter()
-                .map(|i| (i, PageState::Free { known_zero: true }));
-            let lists = lists.chain(
-                node.dirty
-                    .iter()
-                    .map(|i| (i, PageState::Free { known_zero: false })),
-            );
-            for (&i, want) in lists {
-                let slot = self.slots[i as usize].ok_or(format!("listed slot {i} is vacant"))?;
-                if std::mem::replace(&mut seen[i as usize], true) {
-                    return Err(format!("{:?} listed twice", slot.page));
-                }
-                if slot.state != want || slot.page.node != ZoneId(n) {
-                    return Err(format!(
-                        "{:?} listed as {want:?} on node {n}, is {:?}",
-                        slot.page, slot.state
-                    ));
-                }
-            }
-            let count = |st: PageState| {
-                self.slots
-                    .iter()
-                    .flatten()
-                    .filter(|s| s.page.node == ZoneId(n) && s.state == st)
-                    .count() as u64
-            };
-            if count(PageState::InUse) != node.in_use || count(PageState::Zeroing) != node.zeroing {
-                return Err(format!("node {n}: in-use / zeroing counts are off"));
-            }
-        }
-        for (i, slot) in self.slots.iter().enumerate() {
-            match slot {
-                Some(s) if matches!(s.state, PageState::Free { .. }) && !seen[i] => {
-                    return Err(format!("free {:?} is on no list", s.page));
-                }
-                Some(s) if self.by_pfn.get(&s.page.pfn) != Some(&(i as u32)) => {
-                    return Err(format!("{:?} is not indexed", s.page));
-                }
-                _ => {}
-            }
-        }
-        if self.by_pfn.len() != self.slots.iter().flatten().count() {
-            return Err("index and slots disagree".into());
-        }
-        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::{FreeState, MmConfig, NoopZeroer};
+use crate::{FreeState, MemoryManager, MmConfig, NoopZeroer};
 use std::sync::Mutex;
 
 const O9: Order = match Order::new(9) {

@@ -23,10 +23,10 @@ pub struct ChurnArgs {
     #[command(flatten)]
     pub common: Common,
     /// Rounds (each runs every mode once).
-    #[arg(long, default_value_t = 11)]
+    #[arg(long, default_value_t = 21)]
     pub rounds: usize,
     /// Seconds per trial.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.5)]
     pub trial_s: f64,
 }
 
@@ -178,7 +178,7 @@ pub fn run(args: &ChurnArgs) -> BenchResult {
     }
     if quick {
         println!(
-            "(--quick: {rounds} rounds of {} ms, delay {} ms; full: 11 rounds of 1 s, delay 2 s)",
+            "(--quick: {rounds} rounds of {} ms, delay {} ms; full: 21 rounds of 0.5 s, delay 2 s)",
             dur.as_millis(),
             delay.as_millis()
         );

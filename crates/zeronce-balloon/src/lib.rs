@@ -28,16 +28,22 @@
 //! Modules: [`spec`] constants, [`features`] negotiation and queue layout, [`config`]
 //! space, [`device`], [`queues`] parsing per queue, [`discard`] policies and effects,
 //! [`metrics`], [`error`], [`mock`] test doubles.
+//!
+//! The guest side is here too: [`driver`] is a virtio-balloon driver that reports free
+//! blocks of a [`zeronce_mm`] allocator over a split virtqueue in guest RAM (it implements
+//! [`zeronce_mm::reporting::ReportingDevice`]), and [`inprocess`] runs the device in a
+//! thread of the same process as its transport (VM mode without a VMM).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod device;
 pub mod discard;
-pub mod driver_queue;
+pub mod driver;
 pub mod error;
 pub mod features;
 pub mod fuzzing;
+pub mod inprocess;
 pub mod interrupt;
 pub mod metrics;
 pub mod mock;
@@ -47,9 +53,12 @@ pub mod spec;
 pub use config::ConfigSpace;
 pub use device::{BalloonDevice, BalloonOptions, InterruptSignal, QueueReport};
 pub use discard::{DiscardPolicy, Discarder, MmapDiscarder};
+pub use driver::queue as driver_queue;
+pub use driver::{BalloonDriver, DriverError, DriverOptions, DriverStats, Transport, UsedSignal};
 pub use error::{BalloonError, MalformedKind, NotReadyReason};
 pub use features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
-pub use metrics::BalloonMetrics;
+pub use inprocess::InProcessTransport;
+pub use metrics::{BalloonMetrics, MetricsSnapshot};
 pub use queues::inflate::Pfn4k;
 pub use queues::stats::GuestStats;
 pub use spec::StatTag;

@@ -52,7 +52,40 @@ pub struct BalloonMetrics {
     malformed: [Counter; MalformedKind::COUNT],
 }
 
+/// The counters of [`BalloonMetrics`] read at one moment (each read separately).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// 4 KiB pages received on the reporting queue.
+    pub pages_reported: u64,
+    /// Bytes handed to a discard operation that succeeded.
+    pub bytes_discarded: u64,
+    /// Zero promises made (reporting buffers answered with their full length under
+    /// bit 6, inflate bitmap bits set).
+    pub zero_promises: u64,
+    /// Discard operations that failed.
+    pub discard_errors: u64,
+    /// Reports not discarded because of a nonzero page poison.
+    pub reports_skipped_poison: u64,
+    /// Statistics buffers parsed.
+    pub stats_updates: u64,
+    /// Malformed requests of all kinds.
+    pub malformed: u64,
+}
+
 impl BalloonMetrics {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            pages_reported: self.pages_reported.get(),
+            bytes_discarded: self.bytes_discarded.get(),
+            zero_promises: self.zero_promises.get(),
+            discard_errors: self.discard_errors.get(),
+            reports_skipped_poison: self.reports_skipped_poison.get(),
+            stats_updates: self.stats_updates.get(),
+            malformed: self.malformed_total(),
+        }
+    }
+
     /// Counts one malformed request of `kind`.
     pub fn malformed(&self, kind: MalformedKind) {
         self.malformed[kind.index()].inc();

@@ -1,7 +1,7 @@
-//! A minimal driver-side split virtqueue in guest memory: what a guest driver writes
-//! (descriptor table, available ring) and reads (used ring). Tests, the fuzz harness and
-//! the example use it to talk to the device through real rings in guest memory; a
-//! guest-side balloon driver can build on it.
+//! The driver side of one split virtqueue in guest memory: what a guest driver writes
+//! (descriptor table, available ring) and reads (used ring). The guest balloon driver
+//! ([`crate::driver::BalloonDriver`]), the tests, the fuzz harness and the example all
+//! talk to the device through it, over real rings in guest memory.
 //!
 //! Descriptors are allocated round-robin, so at most `size` descriptors may be in flight.
 
@@ -41,6 +41,38 @@ impl DriverBuf {
             len,
             writable: true,
         }
+    }
+}
+
+/// Where a queue's rings are, as the driver tells the transport (the queue address
+/// registers of virtio-pci / virtio-mmio).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueAddrs {
+    /// Queue size (entries).
+    pub size: u16,
+    /// Descriptor table.
+    pub desc: GuestAddress,
+    /// Available ring.
+    pub avail: GuestAddress,
+    /// Used ring.
+    pub used: GuestAddress,
+}
+
+impl QueueAddrs {
+    /// The device-side [`Queue`] for these rings, set ready (what the transport does when
+    /// the driver enables the queue). `None` if the size is not a valid queue size.
+    pub fn device_queue(&self) -> Option<Queue> {
+        let mut q = Queue::new(self.size).ok()?;
+        q.set_size(self.size);
+        let split = |a: GuestAddress| (Some(a.0 as u32), Some((a.0 >> 32) as u32));
+        let (lo, hi) = split(self.desc);
+        q.set_desc_table_address(lo, hi);
+        let (lo, hi) = split(self.avail);
+        q.set_avail_ring_address(lo, hi);
+        let (lo, hi) = split(self.used);
+        q.set_used_ring_address(lo, hi);
+        q.set_ready(true);
+        Some(q)
     }
 }
 
@@ -86,19 +118,19 @@ impl DriverQueue {
         })
     }
 
+    /// Where the rings are.
+    pub fn addrs(&self) -> QueueAddrs {
+        QueueAddrs {
+            size: self.size,
+            desc: self.desc,
+            avail: self.avail,
+            used: self.used,
+        }
+    }
+
     /// The device-side [`Queue`] for these rings, set ready (what the transport would do).
     pub fn device_queue(&self) -> Queue {
-        let mut q = Queue::new(self.size).expect("valid queue size");
-        q.set_size(self.size);
-        let split = |a: GuestAddress| (Some(a.0 as u32), Some((a.0 >> 32) as u32));
-        let (lo, hi) = split(self.desc);
-        q.set_desc_table_address(lo, hi);
-        let (lo, hi) = split(self.avail);
-        q.set_avail_ring_address(lo, hi);
-        let (lo, hi) = split(self.used);
-        q.set_used_ring_address(lo, hi);
-        q.set_ready(true);
-        q
+        self.addrs().device_queue().expect("valid queue size")
     }
 
     /// Queue size.

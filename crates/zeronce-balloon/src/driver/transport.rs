@@ -1,0 +1,121 @@
+//! What the guest driver needs from its transport (virtio-pci / virtio-mmio registers in a
+//! real VM), and the interrupt line the device raises when it used buffers.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::driver::queue::QueueAddrs;
+use crate::features::FeatureSet;
+use crate::interrupt::InterruptSignal;
+
+/// A transport access the device side refused or could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The device is gone (its thread ended, the connection closed).
+    #[error("the balloon device is gone")]
+    DeviceGone,
+    /// The device refused the access (unoffered features, wrong queue count, ...).
+    #[error("the balloon device refused: {0}")]
+    Refused(String),
+}
+
+/// The driver's view of the transport: status, feature and config registers, queue
+/// setup and notifications.
+pub trait Transport: Send {
+    /// The device's feature bits (all 64, as read through the feature select registers).
+    fn device_features(&mut self) -> Result<FeatureSet, TransportError>;
+    /// Writes the driver's features and sets FEATURES_OK; an error means the device did
+    /// not accept them (FEATURES_OK did not stick).
+    fn set_driver_features(&mut self, features: FeatureSet) -> Result<(), TransportError>;
+    /// Writes `data` at `offset` of the device's configuration space.
+    fn write_config(&mut self, offset: u64, data: &[u8]) -> Result<(), TransportError>;
+    /// Enables one queue per index of the negotiated layout and sets DRIVER_OK.
+    fn activate(&mut self, queues: &[QueueAddrs]) -> Result<(), TransportError>;
+    /// Notifies the device that queue `index` has new available buffers (the kick).
+    fn notify(&mut self, index: u16) -> Result<(), TransportError>;
+    /// Resets the device: when this returns, the device no longer touches any queue.
+    fn reset(&mut self) -> Result<(), TransportError>;
+}
+
+/// Used-buffer interrupts as the driver sees them: a counter per queue under one mutex,
+/// and a condvar the driver waits on. The device side raises it through
+/// [`InterruptSignal`] (in-process: the device thread calls it directly; a VMM would
+/// inject an interrupt whose handler calls it).
+#[derive(Debug, Default)]
+pub struct UsedSignal {
+    counts: Mutex<Vec<u64>>,
+    cv: Condvar,
+}
+
+impl UsedSignal {
+    /// A line with no interrupt raised yet.
+    pub fn new() -> UsedSignal {
+        UsedSignal::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Interrupts raised for queue `index` so far.
+    pub fn count(&self, index: u16) -> u64 {
+        self.lock().get(usize::from(index)).copied().unwrap_or(0)
+    }
+
+    /// Waits until queue `index` has seen more than `seen` interrupts or `deadline`
+    /// passed; returns whether an interrupt came.
+    pub fn wait_past(&self, index: u16, seen: u64, deadline: Instant) -> bool {
+        let mut counts = self.lock();
+        loop {
+            if counts.get(usize::from(index)).copied().unwrap_or(0) > seen {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            counts = self
+                .cv
+                .wait_timeout(counts, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl InterruptSignal for UsedSignal {
+    fn signal_used_queue(&self, queue_index: u16) {
+        let mut counts = self.lock();
+        let i = usize::from(queue_index);
+        if counts.len() <= i {
+            counts.resize(i + 1, 0);
+        }
+        counts[i] += 1;
+        self.cv.notify_all();
+    }
+
+    fn signal_config_change(&self) {
+        // The driver does not inflate: a new target is noted by the device only.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn wait_past_sees_interrupts_per_queue() {
+        let s = Arc::new(UsedSignal::new());
+        assert_eq!(s.count(3), 0);
+        assert!(!s.wait_past(3, 0, Instant::now()), "nothing raised");
+        s.signal_used_queue(2);
+        assert!(!s.wait_past(3, 0, Instant::now()), "another queue");
+        let raiser = Arc::clone(&s);
+        let t = std::thread::spawn(move || raiser.signal_used_queue(3));
+        assert!(s.wait_past(3, 0, Instant::now() + Duration::from_secs(60)));
+        t.join().unwrap();
+        assert_eq!(s.count(3), 1);
+    }
+}

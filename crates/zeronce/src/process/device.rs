@@ -220,3 +220,90 @@ impl ReportingDevice for ProcessDevice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zeronce_mem::{BackingKind, GuestRam};
+    use zeronce_mm::Pfn;
+
+    fn device(policy: HostPolicy) -> ProcessDevice {
+        let ram =
+            SharedRam::new(GuestRam::new(8 << 20, BackingKind::Anonymous { thp: false }).unwrap());
+        ProcessDevice::new(ram, policy, true).unwrap()
+    }
+
+    fn range(pfn: u64, pages: u64) -> PageRange {
+        PageRange::new(Pfn(pfn), pages)
+    }
+
+    #[test]
+    fn a_hold_answers_not_zero_until_it_is_over_and_only_whole_held_blocks_settle() {
+        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let t0 = Instant::now();
+        let mut v = [Verdict::Zeroed; 2];
+        d.report(t0, &[range(0, 512), range(512, 512)], &mut v)
+            .unwrap();
+        assert_eq!(v, [Verdict::NotZeroed; 2]);
+        assert_eq!(d.hold_expiry(), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(
+            (d.stats().held_bytes, d.stats().discarded_bytes),
+            (4 << 20, 0)
+        );
+        // Before the end of the hold: nothing discarded, records kept.
+        let mut v = [Verdict::NotZeroed];
+        d.settle(t0 + Duration::from_secs(5), &[range(0, 1024)], &mut v)
+            .unwrap();
+        assert_eq!(v, [Verdict::NotZeroed]);
+        assert_eq!(d.stats().held_bytes, 4 << 20);
+        // After: the merged block of both holds is discarded and zero; a half of a hold
+        // (its other half was taken back) too; a block never held is left alone.
+        let later = t0 + Duration::from_secs(10);
+        let mut v = [Verdict::NotZeroed; 2];
+        d.settle(later, &[range(0, 256), range(1024, 256)], &mut v)
+            .unwrap();
+        assert_eq!(v, [Verdict::Zeroed, Verdict::NotZeroed]);
+        assert_eq!(d.stats().discarded_bytes, 1 << 20);
+        // The rest of the first hold was dropped with it; the second hold is still there
+        // until the pass ends, then forgotten (its block was taken back).
+        assert_eq!(d.stats().held_bytes, 2 << 20);
+        d.end_settle(later);
+        assert_eq!((d.stats().held_bytes, d.hold_expiry()), (0, None));
+    }
+
+    #[test]
+    fn a_new_report_replaces_overlapping_holds() {
+        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let t0 = Instant::now();
+        let mut v = [Verdict::NotZeroed];
+        d.report(t0, &[range(0, 1024)], &mut v).unwrap();
+        d.report(t0 + Duration::from_secs(8), &[range(512, 512)], &mut v)
+            .unwrap();
+        assert_eq!(d.stats().held_bytes, 2 << 20);
+        assert_eq!(d.hold_expiry(), Some(t0 + Duration::from_secs(18)));
+    }
+
+    #[test]
+    fn immediate_discards_and_lazy_never_claims_zero() {
+        let mut d = device(HostPolicy::Immediate);
+        let mut v = [Verdict::NotZeroed];
+        d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
+        assert_eq!((v[0], d.stats().zeroed_bytes), (Verdict::Zeroed, 2 << 20));
+        let mut d = device(HostPolicy::Lazy);
+        d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
+        assert_eq!(
+            (v[0], d.stats().discarded_bytes, d.stats().zeroed_bytes),
+            (Verdict::NotZeroed, 2 << 20, 0)
+        );
+    }
+
+    #[test]
+    fn a_failed_discard_fails_the_whole_call() {
+        let mut d = device(HostPolicy::Immediate);
+        let mut v = [Verdict::NotZeroed; 2];
+        // The second range is outside the RAM: the claim fails, the call fails.
+        assert!(d
+            .report(Instant::now(), &[range(0, 512), range(4096, 512)], &mut v)
+            .is_err());
+    }
+}

@@ -126,7 +126,7 @@ fn median(v: &[f64]) -> f64 {
 pub fn run(args: &ChurnArgs) -> BenchResult {
     let Common { quick, json } = args.common;
     let (rounds, dur, delay) = if quick {
-        (5, Duration::from_millis(250), Duration::from_millis(200))
+        (5, Duration::from_millis(200), Duration::from_millis(150))
     } else {
         (
             args.rounds,

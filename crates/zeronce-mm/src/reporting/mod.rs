@@ -11,11 +11,19 @@
 //!
 //! Deviations from Linux, and why:
 //! - Free lists are kept per state (dirty / zero / reported / reported-zero), so the next
-//!   unreported block is always at the head of its list: Linux's rotation is structural.
-//! - A [`BudgetPolicy::Adaptive`] budget reports everything in one pass when nothing of
-//!   reportable order was allocated during the delay (idle memory), Linux's budget otherwise.
+//!   unreported block is always at the head of its list: Linux's rotation after a full
+//!   batch is structural (nothing to rotate past).
+//! - A spent budget always re-requests a pass (Linux only when it saw an unreported page
+//!   left): at worst one empty pass after the delay.
+//! - [`BudgetPolicy::Adaptive`] reports everything in one pass when nothing of reportable
+//!   order was allocated since the delay began (the request, or the end of the previous
+//!   pass): "since the last pass" alone would count the allocations that preceded a big
+//!   free and keep the budget for the first pass after it.
 //! - Devices with a hold time answer [`Verdict::NotZeroed`] at report time and get the
-//!   blocks again in a *settle* pass once the hold is over (never a false "zero").
+//!   blocks again in a *settle* pass once the hold is over (never a false "zero"; a block
+//!   allocated during its hold is simply gone from the free lists).
+//! - Time is a parameter of every engine call ([`std::time::Instant`]); only [`Reporter`]
+//!   reads the clock.
 
 mod config;
 mod device;

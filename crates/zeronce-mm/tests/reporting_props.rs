@@ -285,17 +285,27 @@ fn worker_and_two_threads_never_break_a_rule() {
                 }
             });
         }
-        // Churn until the worker has reported 50 batches (bounded wait, no timing claim).
-        for _ in 0..2000 {
-            if reporter.stats().total.calls >= 50 {
+        // Churn until the worker has run 20 passes (bounded wait, no timing claim); user
+        // flushes race with them meanwhile.
+        for i in 0..2000 {
+            if reporter.stats().passes >= 20 {
                 break;
+            }
+            if i % 4 == 0 {
+                let r = reporter.flush(64);
+                assert_eq!(r.stats.put_back_errors, 0);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let batches = reporter.with_device(|d| d.batches);
+    assert!(
+        reporter.stats().passes >= 20,
+        "the worker ran only {:?}",
+        reporter.stats()
+    );
     drop(reporter);
     check_accounting(&mm, &live);
-    assert!(batches >= 50, "the worker reported only {batches} batches");
+    assert!(batches > 0, "nothing was reported");
 }

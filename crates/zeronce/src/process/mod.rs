@@ -25,14 +25,15 @@ pub use zeroer::RamZeroer;
 
 use std::sync::Arc;
 
-use zeronce_mem::{BackingKind, ClaimError, GuestRam, RamError, RamRange, SharedRam};
-use zeronce_mm::reporting::{
-    PassReport, Reporter, ReportingConfig, ReportingConfigError, ReportingStats,
-};
+use zeronce_mem::{BackingKind, ClaimError, GuestRam, RamError, SharedRam};
+use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingConfigError, ReportingStats};
 use zeronce_mm::{
-    AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
-    MemoryManager, MmConfig, Order, PageRange, Pfn, Stats, DEFAULT_MAX_ORDER, PAGE_SIZE,
+    AllocError, AllocRequest, ConfigError, FreeError, MemoryManager, Order, Stats,
+    DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
+
+pub use crate::managed::PageBlock;
+use crate::managed::{self, Core, ManagerSetup};
 
 /// Why process memory could not be set up or used.
 #[derive(Debug, thiserror::Error)]
@@ -150,16 +151,7 @@ impl Builder {
     /// Maps the RAM, builds the manager and starts reporting.
     pub fn build(self) -> Result<ProcessMemory, Error> {
         let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
-        let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), self.size as u64 / PAGE_SIZE)]);
-        config.max_order = self.max_order;
-        config.verify = self.verify;
-        config.initial_state = if self.fresh_is_zero {
-            FreeState::REPORTED_ZERO
-        } else {
-            FreeState::DIRTY
-        };
         if let Some(setup) = &self.reporting {
-            config.reporting_order = setup.config.order;
             let page_size = ram.backing().page_size();
             if (setup.config.order.bytes() as usize) < page_size {
                 return Err(Error::OrderBelowPageSize {
@@ -168,41 +160,30 @@ impl Builder {
                 });
             }
         }
-        let mm = Arc::new(MemoryManager::new(
-            config,
-            Arc::new(RamZeroer::new(Arc::clone(&ram))),
-        )?);
+        let mm = managed::build_manager(
+            &ram,
+            &ManagerSetup {
+                pages: self.size as u64 / PAGE_SIZE,
+                max_order: self.max_order,
+                verify: self.verify,
+                fresh_is_zero: self.fresh_is_zero,
+                reporting_order: self.reporting.map(|s| s.config.order),
+            },
+        )?;
         let reporter = match self.reporting {
             None => None,
             Some(setup) => {
                 let device = ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
-                let reporter = Reporter::start(Arc::clone(&mm), device, setup.config)?;
-                let notifier = reporter.notifier();
-                let order = setup.config.order;
-                // Linux page_reporting_notify_free: the manager calls it only for merged
-                // unreported blocks of reporting order or above; it is one atomic load
-                // unless the engine is IDLE.
-                if mm
-                    .set_report_notifier(Box::new(move |_zone| notifier.freed(order)))
-                    .is_err()
-                {
-                    unreachable!("a new manager has no notifier");
-                }
-                Some(reporter)
+                Some(managed::start_reporter(&mm, device, setup.config)?)
             }
         };
         Ok(ProcessMemory {
-            inner: Arc::new(Inner { mm, ram, reporter }),
+            inner: Arc::new(Core { reporter, mm, ram }),
         })
     }
 }
 
-struct Inner {
-    // Field order is drop order: the reporter (worker thread) stops before the manager.
-    reporter: Option<Reporter<MemoryManager, ProcessDevice>>,
-    mm: Arc<MemoryManager>,
-    ram: Arc<SharedRam>,
-}
+type Inner = Core<ProcessDevice>;
 
 /// Memory of this process managed by zeronce. Cheap to clone (shared); `Send + Sync`.
 #[derive(Clone)]
@@ -246,20 +227,7 @@ impl ProcessMemory {
 
     /// Allocates with an explicit request (zeroing, hint page).
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        let alloc = self.inner.mm.alloc(order, req)?;
-        let range = match claim(&self.inner.ram, alloc.block) {
-            Ok(r) => r,
-            Err(e) => {
-                // Give the block back before reporting the bug.
-                let _ = self.inner.mm.free(alloc.block, FreeHint::Dirty);
-                return Err(e.into());
-            }
-        };
-        Ok(PageBlock {
-            inner: Arc::clone(&self.inner),
-            alloc,
-            range: Some(range),
-        })
+        managed::alloc_block(Arc::clone(&self.inner) as _, order, req)
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles
@@ -301,89 +269,6 @@ impl ProcessMemory {
         match ram.file_allocated_bytes() {
             Some(r) => r.unwrap_or(0),
             None => ram.resident_bytes(0, ram.len()).map_or(0, |b| b as u64),
-        }
-    }
-}
-
-fn claim(ram: &Arc<SharedRam>, block: Block) -> Result<RamRange, ClaimError> {
-    ram.claim(
-        block.pfn.byte_offset() as usize,
-        block.order.bytes() as usize,
-    )
-}
-
-/// An allocated block of a [`ProcessMemory`]: owns its bytes; freed on drop (or with
-/// [`PageBlock::free`], which reports errors).
-pub struct PageBlock {
-    inner: Arc<Inner>,
-    alloc: Allocation,
-    /// `None` once freed.
-    range: Option<RamRange>,
-}
-
-impl PageBlock {
-    /// The block.
-    pub fn block(&self) -> Block {
-        self.alloc.block
-    }
-
-    /// How it was allocated (zeroing done or skipped, prior free state).
-    pub fn allocation(&self) -> &Allocation {
-        &self.alloc
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        self.range.as_ref().map_or(&[], |r| r.as_slice())
-    }
-
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
-    }
-
-    /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
-    /// the block in for writing.
-    pub fn touch(&mut self, stride: usize) {
-        if let Some(r) = self.range.as_mut() {
-            r.touch(stride);
-        }
-    }
-
-    /// Frees the block (contents unknown).
-    pub fn free(mut self) -> Result<(), Error> {
-        self.release(FreeHint::Dirty)
-    }
-
-    /// Frees a block the caller knows reads zero (checked in verify mode; on a failed
-    /// check the block stays allocated and is freed dirty on drop).
-    pub fn free_zeroed(mut self) -> Result<(), Error> {
-        self.release(FreeHint::KnownZero)
-    }
-
-    fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
-        let Some(range) = self.range.take() else {
-            return Ok(());
-        };
-        // Our claim must go before the manager (or the verify read) can touch the block.
-        drop(range);
-        match self.inner.mm.free(self.alloc.block, hint) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if hint == FreeHint::KnownZero {
-                    // Still ours: take the bytes back so drop frees it dirty.
-                    self.range = claim(&self.inner.ram, self.alloc.block).ok();
-                }
-                Err(e.into())
-            }
-        }
-    }
-}
-
-impl Drop for PageBlock {
-    fn drop(&mut self) {
-        if let Err(e) = self.release(FreeHint::Dirty) {
-            tracing::error!(%e, block = %self.alloc.block, "freeing a block on drop failed");
         }
     }
 }

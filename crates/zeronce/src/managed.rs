@@ -1,0 +1,196 @@
+//! What process mode and VM mode share: a [`MemoryManager`] over a [`SharedRam`], the
+//! reporting worker wired to its free path (whatever the reporting device is), and the
+//! [`PageBlock`] handles both hand out.
+
+use std::sync::Arc;
+
+use zeronce_mem::{ClaimError, RamRange, SharedRam};
+use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
+use zeronce_mm::{
+    AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
+    Order, PageRange, Pfn,
+};
+
+use crate::process::{Error, RamZeroer};
+
+/// A manager over some RAM, with reporting to a device of type `D` (or none).
+pub(crate) struct Core<D: ReportingDevice + 'static> {
+    // Field order is drop order: the reporter (worker thread) stops before the manager.
+    pub(crate) reporter: Option<Reporter<MemoryManager, D>>,
+    pub(crate) mm: Arc<MemoryManager>,
+    pub(crate) ram: Arc<SharedRam>,
+}
+
+/// How to build the manager of a [`Core`].
+pub(crate) struct ManagerSetup {
+    /// Pages managed, from page frame 0 (the rest of the RAM is not the allocator's).
+    pub(crate) pages: u64,
+    pub(crate) max_order: Order,
+    pub(crate) verify: bool,
+    /// Never-touched memory counts as known zero and reported.
+    pub(crate) fresh_is_zero: bool,
+    /// Reporting order when reporting is on.
+    pub(crate) reporting_order: Option<Order>,
+}
+
+/// The manager of `setup` over `ram`, zeroing with [`RamZeroer`].
+pub(crate) fn build_manager(
+    ram: &Arc<SharedRam>,
+    setup: &ManagerSetup,
+) -> Result<Arc<MemoryManager>, ConfigError> {
+    let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), setup.pages)]);
+    config.max_order = setup.max_order;
+    config.verify = setup.verify;
+    config.initial_state = if setup.fresh_is_zero {
+        FreeState::REPORTED_ZERO
+    } else {
+        FreeState::DIRTY
+    };
+    if let Some(order) = setup.reporting_order {
+        config.reporting_order = order;
+    }
+    Ok(Arc::new(MemoryManager::new(
+        config,
+        Arc::new(RamZeroer::new(Arc::clone(ram))),
+    )?))
+}
+
+/// Starts the reporting worker for `mm` and `device`, and hooks it to the free path.
+pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
+    mm: &Arc<MemoryManager>,
+    device: D,
+    config: ReportingConfig,
+) -> Result<Reporter<MemoryManager, D>, ReportingConfigError> {
+    let reporter = Reporter::start(Arc::clone(mm), device, config)?;
+    let notifier = reporter.notifier();
+    let order = config.order;
+    // Linux page_reporting_notify_free: the manager calls it only for merged unreported
+    // blocks of reporting order or above; it is one atomic load unless the engine is IDLE.
+    if mm
+        .set_report_notifier(Box::new(move |_zone| notifier.freed(order)))
+        .is_err()
+    {
+        unreachable!("a new manager has no notifier");
+    }
+    Ok(reporter)
+}
+
+/// What a [`PageBlock`] needs from its owner (and keeps alive).
+pub(crate) trait Home: Send + Sync {
+    fn mm(&self) -> &MemoryManager;
+    fn ram(&self) -> &Arc<SharedRam>;
+}
+
+impl<D: ReportingDevice + 'static> Home for Core<D> {
+    fn mm(&self) -> &MemoryManager {
+        &self.mm
+    }
+    fn ram(&self) -> &Arc<SharedRam> {
+        &self.ram
+    }
+}
+
+/// Allocates a block of `order` from `home` and claims its bytes.
+pub(crate) fn alloc_block(
+    home: Arc<dyn Home>,
+    order: Order,
+    req: AllocRequest,
+) -> Result<PageBlock, Error> {
+    let alloc = home.mm().alloc(order, req)?;
+    let range = match claim(home.ram(), alloc.block) {
+        Ok(r) => r,
+        Err(e) => {
+            // Give the block back before reporting the bug.
+            let _ = home.mm().free(alloc.block, FreeHint::Dirty);
+            return Err(e.into());
+        }
+    };
+    Ok(PageBlock {
+        home,
+        alloc,
+        range: Some(range),
+    })
+}
+
+fn claim(ram: &Arc<SharedRam>, block: Block) -> Result<RamRange, ClaimError> {
+    ram.claim(
+        block.pfn.byte_offset() as usize,
+        block.order.bytes() as usize,
+    )
+}
+
+/// An allocated block of a [`crate::ProcessMemory`] or [`crate::VmMemory`]: owns its
+/// bytes; freed on drop (or with [`PageBlock::free`], which reports errors).
+pub struct PageBlock {
+    home: Arc<dyn Home>,
+    alloc: Allocation,
+    /// `None` once freed.
+    range: Option<RamRange>,
+}
+
+impl PageBlock {
+    /// The block.
+    pub fn block(&self) -> Block {
+        self.alloc.block
+    }
+
+    /// How it was allocated (zeroing done or skipped, prior free state).
+    pub fn allocation(&self) -> &Allocation {
+        &self.alloc
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.range.as_ref().map_or(&[], |r| r.as_slice())
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+    }
+
+    /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
+    /// the block in for writing.
+    pub fn touch(&mut self, stride: usize) {
+        if let Some(r) = self.range.as_mut() {
+            r.touch(stride);
+        }
+    }
+
+    /// Frees the block (contents unknown).
+    pub fn free(mut self) -> Result<(), Error> {
+        self.release(FreeHint::Dirty)
+    }
+
+    /// Frees a block the caller knows reads zero (checked in verify mode; on a failed
+    /// check the block stays allocated and is freed dirty on drop).
+    pub fn free_zeroed(mut self) -> Result<(), Error> {
+        self.release(FreeHint::KnownZero)
+    }
+
+    fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
+        let Some(range) = self.range.take() else {
+            return Ok(());
+        };
+        // Our claim must go before the manager (or the verify read) can touch the block.
+        drop(range);
+        match self.home.mm().free(self.alloc.block, hint) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if hint == FreeHint::KnownZero {
+                    // Still ours: take the bytes back so drop frees it dirty.
+                    self.range = claim(self.home.ram(), self.alloc.block).ok();
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl Drop for PageBlock {
+    fn drop(&mut self) {
+        if let Err(e) = self.release(FreeHint::Dirty) {
+            tracing::error!(%e, block = %self.alloc.block, "freeing a block on drop failed");
+        }
+    }
+}

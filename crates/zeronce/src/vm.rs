@@ -1,0 +1,364 @@
+//! VM mode (DESIGN §1): the guest allocator reports through a virtio-balloon *driver*
+//! over split virtqueues that live in guest RAM; the *device* (`zeronce_balloon`'s
+//! [`BalloonDevice`]) runs in a thread of this process and punches holes in the guest
+//! RAM's memfd, then says with `used_len` which blocks now read zero.
+//!
+//! Two mappings of one memfd: the guest's ([`SharedRam`], where the allocator's blocks
+//! live, plus a small vm-memory mapping of the ring area for the driver) and the
+//! device's ([`GuestMemoryMmap`] over a dup of the fd). The ring area is carved from the
+//! top of the RAM and never handed to the allocator.
+//!
+//! ```no_run
+//! use zeronce::{Order, VmMemory};
+//! let vm = VmMemory::builder().size(256 << 20).build()?;
+//! drop(vm.alloc(Order::new(9)?)?); // freed dirty
+//! vm.flush(u64::MAX); // reported now: the device discards, used_len says "zero"
+//! let b = vm.alloc_zeroed(Order::new(9)?)?; // served without zeroing
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Why a type of its own rather than a "host" switch on [`crate::ProcessMemory`]'s
+//! builder: VM mode needs a file-backed RAM, a ring area outside the allocator, feature
+//! offers and driver options that mean nothing to process mode. Both share the manager,
+//! the reporting worker wiring and [`PageBlock`] (`managed`).
+
+use std::fs::File;
+use std::sync::Arc;
+
+use vm_memory::mmap::FromRangesError;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use zeronce_balloon::{
+    BalloonDevice, BalloonDriver, BalloonMetrics, BalloonOptions, DiscardPolicy, DriverError,
+    DriverOptions, DriverStats, FeatureOffer, FeatureSet, InProcessTransport, MetricsSnapshot,
+    MmapDiscarder, StatTag, UsedSignal,
+};
+use zeronce_mem::{BackingKind, GuestRam, SharedRam};
+use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
+use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, DEFAULT_MAX_ORDER, PAGE_SIZE};
+
+use crate::managed::{self, Core, ManagerSetup, PageBlock};
+use crate::process::Error;
+
+/// The driver of VM mode: over the guest's mapping of the ring area, to a device thread.
+pub type VmDriver = BalloonDriver<GuestMemoryMmap, InProcessTransport>;
+
+/// Why VM memory could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// RAM, manager or reporting setup, or an allocation, failed.
+    #[error(transparent)]
+    Memory(#[from] Error),
+    /// The device needs to map the RAM too: it must be a memfd (or hugetlb memfd).
+    #[error("VM mode needs file-backed RAM (memfd or hugetlb), not {0:?}")]
+    NotFileBacked(BackingKind),
+    /// The RAM is too small for the ring area and one block.
+    #[error("{size} bytes of RAM cannot hold the {ring} bytes of rings and any memory")]
+    TooSmall {
+        /// RAM size.
+        size: usize,
+        /// Ring area size.
+        ring: u64,
+    },
+    /// Duplicating the memfd or starting the device thread failed.
+    #[error("device setup: {0}")]
+    Io(#[from] std::io::Error),
+    /// Mapping the memfd for the device or the driver failed.
+    #[error("mapping guest memory: {0}")]
+    Map(#[from] FromRangesError),
+    /// The driver could not initialise the device.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
+
+/// Builder of [`VmMemory`]; see [`VmMemory::builder`].
+#[derive(Clone, Debug)]
+pub struct VmBuilder {
+    size: usize,
+    backing: BackingKind,
+    reporting: ReportingConfig,
+    offer: FeatureOffer,
+    policy: DiscardPolicy,
+    driver: DriverOptions,
+    max_order: Order,
+    verify: bool,
+    fresh_is_zero: bool,
+}
+
+impl VmBuilder {
+    /// Bytes of guest RAM, ring area included (default 1 GiB).
+    pub fn size(mut self, bytes: usize) -> Self {
+        self.size = bytes;
+        self
+    }
+
+    /// What backs the RAM: [`BackingKind::Memfd`] (default) or a hugetlb memfd.
+    pub fn backing(mut self, kind: BackingKind) -> Self {
+        self.backing = kind;
+        self
+    }
+
+    /// Reporting engine settings (Linux defaults).
+    pub fn reporting(mut self, config: ReportingConfig) -> Self {
+        self.reporting = config;
+        self
+    }
+
+    /// Whether the device offers `DEVICE_INIT_REPORTED` (bit 6; default on). Off: a host
+    /// without the 000 seed, every reported block comes back not known zero.
+    pub fn zero_hints(mut self, on: bool) -> Self {
+        self.offer.device_init_reported = on;
+        self
+    }
+
+    /// Whether the device offers the statistics queue (default on; it moves the
+    /// reporting queue from index 2 to 3).
+    pub fn stats_queue(mut self, on: bool) -> Self {
+        self.offer.stats_vq = on;
+        self
+    }
+
+    /// Every feature the device offers.
+    pub fn device_offer(mut self, offer: FeatureOffer) -> Self {
+        self.offer = offer;
+        self
+    }
+
+    /// When and how the device discards (default: at once).
+    pub fn discard_policy(mut self, policy: DiscardPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The guest driver's options (queue size, timeout, poison, what it accepts).
+    pub fn driver(mut self, opts: DriverOptions) -> Self {
+        self.driver = opts;
+        self
+    }
+
+    /// Largest block order (default 10, 4 MiB).
+    pub fn max_order(mut self, order: Order) -> Self {
+        self.max_order = order;
+        self
+    }
+
+    /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
+    pub fn verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
+
+    /// Whether never-touched memory counts as known zero and reported (default `true`).
+    pub fn fresh_is_zero(mut self, on: bool) -> Self {
+        self.fresh_is_zero = on;
+        self
+    }
+
+    /// Maps the RAM twice, starts the device thread, probes the driver, builds the
+    /// manager and starts reporting.
+    pub fn build(self) -> Result<VmMemory, VmError> {
+        let ram = GuestRam::new(self.size, self.backing).map_err(Error::from)?;
+        let page_size = ram.backing().page_size();
+        if (self.reporting.order.bytes() as usize) < page_size {
+            return Err(Error::OrderBelowPageSize {
+                order: self.reporting.order,
+                page_size,
+            }
+            .into());
+        }
+        let dup = || -> Result<File, VmError> {
+            let fd = ram.fd().ok_or(VmError::NotFileBacked(self.backing))?;
+            Ok(File::from(fd.try_clone_to_owned()?))
+        };
+        let ring_len = VmDriver::ring_area_bytes(self.driver.queue_size).div_ceil(page_size as u64)
+            * page_size as u64;
+        let ring_gpa = (self.size as u64)
+            .checked_sub(ring_len)
+            .filter(|g| *g > 0)
+            .ok_or(VmError::TooSmall {
+                size: self.size,
+                ring: ring_len,
+            })?;
+        let device_mem = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(0),
+            self.size,
+            Some(FileOffset::new(dup()?, 0)),
+        )])?;
+        let ring_mem = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(ring_gpa),
+            ring_len as usize,
+            Some(FileOffset::new(dup()?, ring_gpa)),
+        )])?;
+
+        let irq = Arc::new(UsedSignal::new());
+        let options = BalloonOptions {
+            offer: self.offer,
+            policy: self.policy,
+            ..BalloonOptions::default()
+        };
+        let device = BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
+        let metrics = device.metrics();
+        let transport = InProcessTransport::spawn(device, device_mem)?;
+        let mut driver = VmDriver::probe(
+            ring_mem,
+            GuestAddress(ring_gpa),
+            ring_len,
+            transport,
+            irq,
+            self.driver,
+        )?;
+        driver.post_stats(&[(StatTag::TotalMemory, ring_gpa)])?;
+        let negotiated = driver.negotiated();
+        let reporting_queue_index = driver.reporting_queue_index();
+
+        let ram = SharedRam::new(ram);
+        let mm = managed::build_manager(
+            &ram,
+            &ManagerSetup {
+                pages: ring_gpa / PAGE_SIZE,
+                max_order: self.max_order,
+                verify: self.verify,
+                fresh_is_zero: self.fresh_is_zero,
+                reporting_order: Some(self.reporting.order),
+            },
+        )
+        .map_err(Error::from)?;
+        let reporter = managed::start_reporter(&mm, driver, self.reporting).map_err(Error::from)?;
+        tracing::debug!(
+            ?negotiated,
+            reporting_queue_index,
+            ring_gpa,
+            "VM mode ready"
+        );
+        Ok(VmMemory {
+            inner: Arc::new(Core {
+                reporter: Some(reporter),
+                mm,
+                ram,
+            }),
+            metrics,
+            negotiated,
+            reporting_queue_index,
+            ring_area: (ring_gpa, ring_len),
+        })
+    }
+}
+
+/// Guest memory whose free blocks are reported through a virtio-balloon driver to a
+/// device thread; see the module docs. Cheap to clone (shared); `Send + Sync`.
+#[derive(Clone)]
+pub struct VmMemory {
+    inner: Arc<Core<VmDriver>>,
+    metrics: Arc<BalloonMetrics>,
+    negotiated: FeatureSet,
+    reporting_queue_index: u16,
+    ring_area: (u64, u64),
+}
+
+/// Counters of a [`VmMemory`]: both sides of the virtqueue.
+#[derive(Clone, Debug)]
+pub struct VmStats {
+    /// The manager's counters and free pages per (order, state).
+    pub mm: Stats,
+    /// The reporting engine's counters.
+    pub reporting: ReportingStats,
+    /// The guest driver's counters (reports, `used_len` verdicts, failures).
+    pub driver: DriverStats,
+    /// The device's counters (pages reported, bytes discarded, zero promises).
+    pub device: MetricsSnapshot,
+}
+
+impl VmMemory {
+    /// A builder: 1 GiB memfd, device offering everything, Linux reporting defaults,
+    /// driver queue size 64, max order 10.
+    pub fn builder() -> VmBuilder {
+        VmBuilder {
+            size: 1 << 30,
+            backing: BackingKind::Memfd,
+            reporting: ReportingConfig::default(),
+            offer: FeatureOffer::default(),
+            policy: DiscardPolicy::Immediate,
+            driver: DriverOptions::default(),
+            max_order: DEFAULT_MAX_ORDER,
+            verify: false,
+            fresh_is_zero: true,
+        }
+    }
+
+    /// Allocates a block of `order` (`2^order` pages); contents unspecified.
+    pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
+        self.alloc_with(order, AllocRequest::DIRTY)
+    }
+
+    /// Allocates a block of `order` that reads zero (zeroed only if not known zero).
+    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, Error> {
+        self.alloc_with(order, AllocRequest::ZEROED)
+    }
+
+    /// Allocates with an explicit request (zeroing, hint page).
+    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
+        managed::alloc_block(Arc::clone(&self.inner) as _, order, req)
+    }
+
+    /// Reports up to `max_pages` free pages now through the virtqueue (ignoring delay
+    /// and budget).
+    pub fn flush(&self, max_pages: u64) -> PassReport {
+        self.reporter().flush(max_pages)
+    }
+
+    fn reporter(&self) -> &zeronce_mm::reporting::Reporter<MemoryManager, VmDriver> {
+        self.inner
+            .reporter
+            .as_ref()
+            .expect("VM mode always reports")
+    }
+
+    /// Counters of the manager, the engine, the driver and the device.
+    pub fn stats(&self) -> VmStats {
+        let r = self.reporter();
+        VmStats {
+            mm: self.inner.mm.stats(),
+            reporting: r.stats(),
+            driver: r.with_device(|d| d.stats()),
+            device: self.metrics.snapshot(),
+        }
+    }
+
+    /// The features the driver negotiated.
+    pub fn negotiated(&self) -> FeatureSet {
+        self.negotiated
+    }
+
+    /// Index of the reporting queue (2 without the statistics queue, 3 with it).
+    pub fn reporting_queue_index(&self) -> u16 {
+        self.reporting_queue_index
+    }
+
+    /// Whether the driver stopped after a failed report (device reset).
+    pub fn driver_broken(&self) -> bool {
+        self.reporter().with_device(|d| d.is_broken())
+    }
+
+    /// Guest physical start and length of the ring area (outside the allocator).
+    pub fn ring_area(&self) -> (u64, u64) {
+        self.ring_area
+    }
+
+    /// The manager (for invariant checks and low-level use).
+    pub fn manager(&self) -> &MemoryManager {
+        &self.inner.mm
+    }
+
+    /// The guest's RAM.
+    pub fn ram(&self) -> &Arc<SharedRam> {
+        &self.inner.ram
+    }
+
+    /// Bytes the memfd has allocated (what the host really holds for this guest).
+    pub fn memfd_allocated_bytes(&self) -> u64 {
+        self.inner
+            .ram
+            .file_allocated_bytes()
+            .and_then(Result::ok)
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,235 @@
+//! VM mode end to end on real memory: the allocator reports through the virtio-balloon
+//! driver over split virtqueues in the guest RAM's memfd; the device thread punches holes
+//! and answers with `used_len`.
+
+use std::time::Duration;
+
+use zeronce::zeronce_balloon::{DiscardPolicy, DriverOptions};
+use zeronce::zeronce_mm::reporting::ReportingConfig;
+use zeronce::zeronce_mm::Zeroing;
+use zeronce::{Order, PageBlock, VmBuilder, VmMemory};
+
+const MIB: u64 = 1 << 20;
+const SIZE: usize = 64 << 20;
+/// Blocks of 2 MiB written, freed and allocated again.
+const BLOCKS: usize = 8;
+
+fn order9() -> Order {
+    Order::new(9).unwrap()
+}
+
+/// Reporting only when flushed (the delay is never reached), no watermark gate (64 MiB
+/// is under Linux's low watermark + one batch).
+fn builder() -> VmBuilder {
+    VmMemory::builder().size(SIZE).reporting(ReportingConfig {
+        delay: Duration::from_secs(3600),
+        watermark_gate: false,
+        ..ReportingConfig::default()
+    })
+}
+
+fn write_working_set(vm: &VmMemory) -> Vec<PageBlock> {
+    (0..BLOCKS)
+        .map(|_| {
+            let mut b = vm.alloc(order9()).unwrap();
+            b.as_mut_slice().fill(0xA5);
+            b
+        })
+        .collect()
+}
+
+/// Unreported free pages (freed blocks merge with reported buddies into unreported
+/// blocks, so a report may cover more than the blocks just freed).
+fn unreported_pages(vm: &VmMemory) -> u64 {
+    vm.stats()
+        .mm
+        .free_pages
+        .iter()
+        .map(|c| c.unreported())
+        .sum()
+}
+
+/// What [`write_free_flush`] saw.
+struct Flushed {
+    /// memfd bytes after the working set was written and freed.
+    freed: u64,
+    /// memfd bytes after the report.
+    flushed: u64,
+    /// Blocks and pages the report carried.
+    blocks: u64,
+    pages: u64,
+}
+
+/// Writes, frees and flushes the working set.
+fn write_free_flush(vm: &VmMemory) -> Flushed {
+    drop(write_working_set(vm));
+    let freed = vm.memfd_allocated_bytes();
+    let unreported = unreported_pages(vm);
+    assert!(unreported >= BLOCKS as u64 * 512);
+    let pass = vm.flush(u64::MAX);
+    assert!(pass.error.is_none(), "{:?}", pass.error);
+    assert_eq!(pass.stats.pages, unreported, "{pass:?}");
+    assert_eq!(unreported_pages(vm), 0);
+    Flushed {
+        freed,
+        flushed: vm.memfd_allocated_bytes(),
+        blocks: pass.stats.blocks,
+        pages: pass.stats.pages,
+    }
+}
+
+#[test]
+fn reported_blocks_leave_the_memfd_and_come_back_known_zero() {
+    let vm = builder().build().unwrap();
+    assert!(vm
+        .negotiated()
+        .contains(zeronce::zeronce_balloon::Feature::DeviceInitReported));
+    let before = vm.memfd_allocated_bytes();
+    let f = write_free_flush(&vm);
+    let (freed, flushed) = (f.freed, f.flushed);
+    println!(
+        "memfd allocated: {} KiB at start, {} KiB written+freed, {} KiB after the report",
+        before >> 10,
+        freed >> 10,
+        flushed >> 10
+    );
+    assert!(
+        freed >= before + BLOCKS as u64 * 2 * MIB,
+        "the working set is in the memfd"
+    );
+    assert!(flushed <= before, "every reported block left the memfd");
+
+    let s = vm.stats();
+    assert_eq!(s.device.pages_reported, f.pages);
+    assert_eq!(s.device.bytes_discarded, f.pages * 4096);
+    assert_eq!(s.device.zero_promises, f.blocks, "one per block buffer");
+    assert_eq!(s.driver.zeroed, f.blocks, "used_len == buffer length");
+    assert_eq!(s.driver.not_zeroed, 0);
+    assert_eq!(s.mm.known_zero_pages(), s.mm.free_pages_total());
+
+    let again: Vec<PageBlock> = (0..BLOCKS)
+        .map(|_| vm.alloc_zeroed(order9()).unwrap())
+        .collect();
+    for b in &again {
+        assert_eq!(b.allocation().zeroing, Zeroing::Skipped, "{}", b.block());
+        assert!(
+            b.as_slice().iter().all(|&x| x == 0),
+            "host-zeroed block reads zero"
+        );
+    }
+    let s = vm.stats();
+    assert_eq!(s.mm.zero_requests_skipped, BLOCKS as u64);
+    assert_eq!(s.mm.bytes_zeroed, 0);
+    drop(again);
+    vm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn verify_mode_confirms_every_zero_promise_and_skipped_zeroing() {
+    let vm = builder().verify(true).build().unwrap();
+    write_free_flush(&vm);
+    let again: Vec<PageBlock> = (0..BLOCKS)
+        .map(|_| vm.alloc_zeroed(order9()).unwrap())
+        .collect();
+    assert!(again
+        .iter()
+        .all(|b| b.allocation().zeroing == Zeroing::Skipped));
+    let s = vm.stats();
+    assert_eq!(s.mm.verify_failures, 0, "every promise read zero");
+    assert_eq!(s.reporting.total.put_back_errors, 0);
+    assert_eq!(s.mm.zero_requests_skipped, BLOCKS as u64);
+    vm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn without_bit_6_blocks_come_back_not_zero_and_are_zeroed_on_allocation() {
+    let vm = builder().zero_hints(false).verify(true).build().unwrap();
+    assert!(!vm
+        .negotiated()
+        .contains(zeronce::zeronce_balloon::Feature::DeviceInitReported));
+    let before = vm.memfd_allocated_bytes();
+    let f = write_free_flush(&vm);
+    assert!(f.flushed <= before, "the device still discards");
+    let s = vm.stats();
+    assert_eq!(s.device.zero_promises, 0);
+    assert_eq!(s.driver.zeroed, 0);
+    assert_eq!(s.driver.not_zeroed, f.blocks);
+
+    // Everything, zeroed: fresh memory is known zero (skipped), the reported pages are
+    // not (zeroed by the allocator), and every block reads zero.
+    let all: Vec<PageBlock> = std::iter::from_fn(|| vm.alloc_zeroed(order9()).ok()).collect();
+    let zeroed = all
+        .iter()
+        .filter(|b| b.allocation().zeroing == Zeroing::Done)
+        .count() as u64;
+    assert_eq!(
+        zeroed * 512,
+        f.pages,
+        "exactly the reported pages are zeroed"
+    );
+    assert!(all.iter().all(|b| b.as_slice().iter().all(|&x| x == 0)));
+    assert_eq!(vm.stats().mm.bytes_zeroed, f.pages * 4096);
+    drop(all);
+    vm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn reporting_queue_index_counts_only_negotiated_queues() {
+    for (stats, index) in [(true, 3), (false, 2)] {
+        let vm = builder().stats_queue(stats).build().unwrap();
+        assert_eq!(vm.reporting_queue_index(), index, "stats queue {stats}");
+        let f = write_free_flush(&vm);
+        let s = vm.stats();
+        assert_eq!(s.driver.zeroed, f.blocks, "reports arrive at index {index}");
+        assert_eq!(
+            s.device.stats_updates,
+            u64::from(stats),
+            "primed stats buffer"
+        );
+        assert_eq!(s.device.malformed, 0);
+    }
+}
+
+#[test]
+fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
+    // The device holds reports for an hour: the driver's wait runs out, the device is
+    // reset (it forgets the held blocks, discarding nothing) and every block goes back
+    // unreported.
+    let vm = builder()
+        .discard_policy(DiscardPolicy::Held {
+            delay: Duration::from_secs(3600),
+        })
+        .driver(DriverOptions {
+            timeout: Duration::from_millis(200),
+            ..DriverOptions::default()
+        })
+        .build()
+        .unwrap();
+    let free_before = vm.stats().mm.free_pages_total();
+    drop(write_working_set(&vm));
+    let freed = vm.memfd_allocated_bytes();
+    let unreported = unreported_pages(&vm);
+    let pass = vm.flush(u64::MAX);
+    assert!(pass.error.is_some(), "the report call failed");
+    assert!(vm.driver_broken());
+    let s = vm.stats();
+    assert_eq!(s.driver.failures, 1);
+    assert_eq!(s.device.bytes_discarded, 0);
+    assert_eq!(s.mm.free_pages_total(), free_before, "no block lost");
+    assert_eq!(s.mm.isolated_pages, 0);
+    assert_eq!(
+        unreported_pages(&vm),
+        unreported,
+        "the working set is back unreported"
+    );
+    assert_eq!(vm.memfd_allocated_bytes(), freed, "nothing was discarded");
+    vm.manager().check_invariants().unwrap();
+
+    // A broken driver fails at once; memory stays usable and correct.
+    let pass = vm.flush(u64::MAX);
+    assert!(pass.error.is_some());
+    let b = vm.alloc_zeroed(order9()).unwrap();
+    assert!(b.as_slice().iter().all(|&x| x == 0));
+    drop(b);
+    vm.manager().check_invariants().unwrap();
+}

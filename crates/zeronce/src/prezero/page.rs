@@ -1,0 +1,116 @@
+//! [`PoolPage`]: an allocated huge page that owns its bytes; freed (dirty) on drop.
+
+use std::sync::Arc;
+
+use zeronce_mem::RamRange;
+use zeronce_mm::hugepool::{HugePage, PoolAllocation, PoolZeroing};
+use zeronce_mm::{FreeHint, Zeroer};
+
+use super::{PrezeroError, Shared};
+
+/// A page allocated from a [`super::HugePagePool`].
+#[derive(Debug)]
+pub struct PoolPage {
+    shared: Arc<Shared>,
+    allocation: PoolAllocation,
+    /// `None` once freed.
+    range: Option<RamRange>,
+}
+
+impl PoolPage {
+    /// Zeroes the page if the pool says so, then claims its bytes. On failure the page
+    /// goes back to the pool.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        allocation: PoolAllocation,
+    ) -> Result<PoolPage, PrezeroError> {
+        let page = allocation.page;
+        if allocation.zeroing == PoolZeroing::Required {
+            // Ours alone now (in use); the write happens outside the pool lock.
+            shared.zeroer.zero(page.range(), None);
+        }
+        let claimed = shared
+            .ram
+            .claim(page.pfn.byte_offset() as usize, page.order.bytes() as usize);
+        match claimed {
+            Ok(range) => Ok(PoolPage {
+                shared,
+                allocation,
+                range: Some(range),
+            }),
+            Err(e) => {
+                let mut pool = shared.locked.lock();
+                let _ = pool.free(page, FreeHint::Dirty);
+                shared.locked.after_growth(&pool);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The page.
+    pub fn page(&self) -> HugePage {
+        self.allocation.page
+    }
+
+    /// Whether it was served pre-zeroed, zeroed inline, or without zero-request.
+    pub fn zeroing(&self) -> PoolZeroing {
+        self.allocation.zeroing
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        self.range.as_ref().map_or(&[], |r| r.as_slice())
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+    }
+
+    /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value: touches the
+    /// page for writing without changing it.
+    pub fn touch(&mut self, stride: usize) {
+        if let Some(r) = self.range.as_mut() {
+            r.touch(stride);
+        }
+    }
+
+    /// Gives the page back, dirty (it becomes zeroable work).
+    pub fn free(mut self) -> Result<(), PrezeroError> {
+        self.release(FreeHint::Dirty)
+    }
+
+    /// Gives back a page the caller zeroed: checked by reading it, it goes back known zero
+    /// (no zeroable work) if it reads zero, dirty otherwise. Returns whether it was zero.
+    pub fn free_zeroed(mut self) -> Result<bool, PrezeroError> {
+        let zero = self.range.as_ref().is_some_and(|r| r.is_zero());
+        let hint = if zero {
+            FreeHint::KnownZero
+        } else {
+            FreeHint::Dirty
+        };
+        self.release(hint).map(|()| zero)
+    }
+
+    fn release(&mut self, hint: FreeHint) -> Result<(), PrezeroError> {
+        let Some(range) = self.range.take() else {
+            return Ok(());
+        };
+        drop(range);
+        let locked = &self.shared.locked;
+        let mut pool = locked.lock();
+        pool.free(self.allocation.page, hint)?;
+        locked.after_growth(&pool);
+        drop(pool);
+        locked.ready.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for PoolPage {
+    fn drop(&mut self) {
+        if let Err(e) = self.release(FreeHint::Dirty) {
+            tracing::error!(%e, page = ?self.allocation.page, "freeing a pool page on drop failed");
+        }
+    }
+}

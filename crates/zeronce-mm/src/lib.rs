@@ -14,13 +14,15 @@
 //! | other request | state dropped |
 //!
 //! **Search policy** ([`MemoryManager::alloc`]): zones are tried in configuration order
-//! (zone fallback list); in a zone, a zero-request takes a known-zero block at the smallest
-//! order ≥ the requested one that has any (splitting a bigger known-zero block rather than
-//! zeroing a dirty block of the exact order), and only if there is none anywhere in that
-//! zone the smallest dirty block; any other request does the mirror image (dirty first, so
-//! known-zero blocks are saved for zero-requests). At equal order, unreported (resident)
-//! blocks are taken before reported ones. Each step is O(1): one list per (order, state)
-//! and a bitmask of non-empty orders per state.
+//! (zone fallback list); in a zone, resident (unreported) blocks are taken before reported
+//! ones — the first touch of a reported block faults it back in and the host zeroes it,
+//! which costs more than zeroing resident memory (Linux takes reported pages last too).
+//! Within each, a zero-request takes a known-zero block at the smallest order ≥ the
+//! requested one that has any (splitting a bigger known-zero block rather than zeroing a
+//! dirty block of the exact order), else the smallest dirty block; any other request does
+//! the mirror image (dirty first, so known-zero blocks are saved for zero-requests). So a
+//! zero-request goes: zero, dirty, reported zero, reported dirty. Each step is O(1): one
+//! list per (order, state) and a bitmask of non-empty orders per state.
 //!
 //! **Verify mode** ([`MmConfig::verify`]): every skipped zeroing and every claim of zero
 //! (free with `KnownZero`, verdict `Zeroed`, [`MemoryManager::mark_known_zero`]) is

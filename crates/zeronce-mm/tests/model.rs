@@ -169,17 +169,24 @@ impl World {
 
     /// Blocks of `order` or above on the free lists of each zone, known zero / dirty.
     fn available(&self, order: Order) -> Vec<(u64, u64)> {
+        self.available_by_state(order)
+            .iter()
+            .map(|c| (c.zero + c.reported_zero, c.dirty + c.reported_dirty))
+            .collect()
+    }
+
+    /// Blocks of `order` or above on the free lists of each zone, per state.
+    fn available_by_state(&self, order: Order) -> Vec<zeronce_mm::FreeCounts> {
         (0..self.zones.len())
             .map(|z| {
                 let info = self.mm.zone_info(ZoneId(z)).unwrap();
-                info.nr_free[order.index().min(NR_ORDERS)..]
-                    .iter()
-                    .fold((0, 0), |(kz, d), c| {
-                        (
-                            kz + c.zero + c.reported_zero,
-                            d + c.dirty + c.reported_dirty,
-                        )
-                    })
+                info.nr_free[order.index().min(NR_ORDERS)..].iter().fold(
+                    zeronce_mm::FreeCounts::default(),
+                    |mut sum, c| {
+                        sum.add_scaled(c, 1);
+                        sum
+                    },
+                )
             })
             .collect()
     }
@@ -209,6 +216,11 @@ impl World {
                         return self.step(op);
                     }
                 }
+                let by_state = if order <= self.mm.config().max_order {
+                    self.available_by_state(order)
+                } else {
+                    Vec::new()
+                };
                 let avail = if order <= self.mm.config().max_order {
                     self.available(order)
                 } else {
@@ -260,14 +272,33 @@ impl World {
                             .position(|z| avail[z].0 + avail[z].1 + in_cache(z) > 0)
                             .unwrap();
                         prop_assert_eq!(a.zone, ZoneId(first));
-                        let (kz, d) = avail[first];
                         if in_cache(first) > 0 {
                             prop_assert!(!a.prior.known_zero);
+                        } else if cache_path {
+                            // A refill takes a batch of dirty blocks (any residency) first.
+                            let c = by_state[first];
+                            prop_assert_eq!(a.prior.known_zero, c.dirty + c.reported_dirty == 0);
                         } else {
-                            prop_assert_eq!(
-                                a.prior.known_zero,
-                                if zeroed { kz > 0 } else { d == 0 }
-                            );
+                            // Resident before reported; within each, known zero first for
+                            // zero-requests and dirty first otherwise.
+                            let c = by_state[first];
+                            let order_of_states = if zeroed {
+                                [
+                                    FreeState::ZERO,
+                                    FreeState::DIRTY,
+                                    FreeState::REPORTED_ZERO,
+                                    FreeState::REPORTED_DIRTY,
+                                ]
+                            } else {
+                                [
+                                    FreeState::DIRTY,
+                                    FreeState::ZERO,
+                                    FreeState::REPORTED_DIRTY,
+                                    FreeState::REPORTED_ZERO,
+                                ]
+                            };
+                            let expected = order_of_states.into_iter().find(|&s| c.get(s) > 0);
+                            prop_assert_eq!(Some(a.prior), expected);
                         }
                         let log = self.mem.take_log();
                         match a.zeroing {

@@ -299,3 +299,29 @@ fn a_free_during_a_pass_reschedules_it() {
     assert_eq!(e.next_wakeup(&dev), Some(t0 + Duration::from_secs(4)));
     assert_eq!(m.zone_info(ZoneId(0)).unwrap().isolated_pages, 0);
 }
+
+#[test]
+fn allocation_takes_resident_blocks_before_reported_ones() {
+    // Report half the memory (known zero), keep the other half resident and dirty.
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::Zeroed);
+    let r = flush(&e, &m, &mut dev, 512);
+    assert_eq!(r.stats.pages, 512);
+    let o2 = Order::new(2).unwrap();
+    // A zero-request zeroes a resident dirty block rather than fault a reported one back
+    // in; so does any other request; reported blocks come last.
+    let a = m.alloc(o2, AllocRequest::ZEROED).unwrap();
+    assert_eq!(a.prior, FreeState::DIRTY);
+    let b = m.alloc(o2, AllocRequest::DIRTY).unwrap();
+    assert_eq!(b.prior, FreeState::DIRTY);
+    let mut priors = Vec::new();
+    while let Ok(x) = m.alloc(o2, AllocRequest::ZEROED) {
+        priors.push(x.prior);
+    }
+    let first_reported = priors.iter().position(|p| p.reported).unwrap();
+    assert!(priors[..first_reported]
+        .iter()
+        .all(|p| *p == FreeState::DIRTY));
+    assert!(priors[first_reported..]
+        .iter()
+        .all(|p| *p == FreeState::REPORTED_ZERO));
+}

@@ -15,9 +15,25 @@ use free_lists::{FreeLists, Link};
 use std::sync::Arc;
 use tags::{Tag, TagTable};
 
-/// States a zero-request prefers: known zero (resident first, then reported).
-const ZERO_STATES: [FreeState; 2] = [FreeState::ZERO, FreeState::REPORTED_ZERO];
-/// States any other request prefers: dirty (resident first, then reported).
+/// Search order of a zero-request, one state at a time (each at the smallest order that
+/// has one): resident blocks before reported ones — the first touch of a reported block
+/// faults it back in (the host zeroes it again), dearer than zeroing resident memory, and
+/// Linux takes reported pages last too — known zero first within each.
+const ZERO_REQUEST: [FreeState; 4] = [
+    FreeState::ZERO,
+    FreeState::DIRTY,
+    FreeState::REPORTED_ZERO,
+    FreeState::REPORTED_DIRTY,
+];
+/// Search order of any other request: resident first, dirty first within each (known-zero
+/// blocks are saved for zero-requests).
+const DIRTY_REQUEST: [FreeState; 4] = [
+    FreeState::DIRTY,
+    FreeState::ZERO,
+    FreeState::REPORTED_DIRTY,
+    FreeState::REPORTED_ZERO,
+];
+/// States a per-thread cache refill takes (dirty only), resident first.
 const DIRTY_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::REPORTED_DIRTY];
 /// States the reporting engine isolates for a report: the unreported ones, dirty first.
 pub(crate) const UNREPORTED_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::ZERO];
@@ -115,19 +131,18 @@ impl Zone {
     }
 
     /// Takes a block of `order` off the free lists and marks it allocated. Search policy:
-    /// the preferred states (known zero for zero-requests, dirty otherwise) at the smallest
-    /// order >= `order` that has one, splitting it if needed; only if no order has a block in
-    /// a preferred state, the other states the same way. Within a kind, resident
-    /// (unreported) blocks before reported ones at the same order.
+    /// the states of [`ZERO_REQUEST`] (zero-requests) or [`DIRTY_REQUEST`] one after the
+    /// other, each at the smallest order >= `order` that has one, splitting it if needed:
+    /// resident before reported, and within each the preferred kind first.
     pub fn take(&mut self, order: Order, zeroed: bool) -> Option<(Block, FreeState)> {
-        let (prefer, fallback) = if zeroed {
-            (&ZERO_STATES, &DIRTY_STATES)
+        let search = if zeroed {
+            &ZERO_REQUEST
         } else {
-            (&DIRTY_STATES, &ZERO_STATES)
+            &DIRTY_REQUEST
         };
-        let (idx, state) = self
-            .pop_split(prefer, order)
-            .or_else(|| self.pop_split(fallback, order))?;
+        let (idx, state) = search
+            .iter()
+            .find_map(|&state| self.pop_split(&[state], order))?;
         self.tags.set(idx, Tag::Allocated { order });
         self.counters.allocs[order.index()] += 1;
         Some((Block::new(self.pfn(idx), order), state))
@@ -175,7 +190,11 @@ impl Zone {
     ) -> usize {
         let mut taken = 0;
         while taken < n {
-            let Some((idx, state)) = self.pop_split(&DIRTY_STATES, order) else {
+            // Resident first, like `take`.
+            let next = DIRTY_STATES
+                .iter()
+                .find_map(|&state| self.pop_split(&[state], order));
+            let Some((idx, state)) = next else {
                 break;
             };
             self.tags.set(idx, Tag::Cached { order, state });

@@ -21,7 +21,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Process mode end to end: write, free, background reporting, zeroed allocation
-    /// served from host-zeroed memory, beside a baseline that zeroes.
+    /// served from host-zeroed memory, beside a baseline that zeroes (`--mode vm`: the
+    /// same through a virtio-balloon driver and a device thread).
     Demo(demo::DemoArgs),
     /// Run a benchmark.
     Bench {

@@ -1,4 +1,5 @@
-//! `zeronce demo`: process mode end to end, with the real background reporter.
+//! `zeronce demo`: process mode end to end, with the real background reporter
+//! (`--mode vm`: the same story through the virtio-balloon driver and device, [`vm`]).
 //!
 //! A working set is written, freed, reported by the background worker after its delay
 //! (the kernel discards the backing, RSS falls), then allocated again *zeroed*: the host
@@ -6,11 +7,13 @@
 //! never left (reporting off) is timed beside it. Figures here are one run, for show;
 //! `zeronce bench …` measures the claims with medians.
 
+mod vm;
+
 use clap::{Args, ValueEnum};
 use std::time::{Duration, Instant};
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
-use zeronce::zeronce_mm::Zeroing;
-use zeronce::{BudgetPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+use zeronce::zeronce_mm::{AllocRequest, Stats, Zeroing};
+use zeronce::{BudgetPolicy, Order, PageBlock, ProcessMemory, ReportingSetup, VmMemory};
 
 /// Arguments of `zeronce demo`.
 #[derive(Args, Debug)]
@@ -21,9 +24,46 @@ pub struct DemoArgs {
     /// Working set written, freed and allocated again, MiB (a multiple of 2).
     #[arg(long, default_value_t = 256)]
     working_set_mib: usize,
-    /// What backs the memory.
+    /// What backs the memory (VM mode needs a file the device can map: anon means memfd).
     #[arg(long, value_enum, default_value_t = DemoBacking::Anon)]
     backing: DemoBacking,
+    /// Who the host is: this process's kernel, or a virtio-balloon device in a thread.
+    #[arg(long, value_enum, default_value_t = DemoMode::Process)]
+    mode: DemoMode,
+}
+
+/// Who receives the reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DemoMode {
+    /// Process mode: the Linux kernel discards the process's memory.
+    Process,
+    /// VM mode: a virtio-balloon driver reports over split virtqueues in guest RAM to the
+    /// device in a thread of this process, which punches holes in the shared memfd.
+    Vm,
+}
+
+/// What the demo steps need from process or VM memory.
+trait DemoMemory {
+    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error>;
+    fn mm_stats(&self) -> Stats;
+}
+
+impl DemoMemory for ProcessMemory {
+    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+        ProcessMemory::alloc_with(self, order, req)
+    }
+    fn mm_stats(&self) -> Stats {
+        self.stats().mm
+    }
+}
+
+impl DemoMemory for VmMemory {
+    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+        VmMemory::alloc_with(self, order, req)
+    }
+    fn mm_stats(&self) -> Stats {
+        self.stats().mm
+    }
 }
 
 /// Backing of the demo's memory.
@@ -57,6 +97,13 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.working_set_mib > args.size_mib {
         return Err("--working-set-mib must not exceed --size-mib".into());
     }
+    match args.mode {
+        DemoMode::Process => run_process(args),
+        DemoMode::Vm => vm::run(args),
+    }
+}
+
+fn run_process(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let order = Order::new(9)?; // 2 MiB blocks: the reporting order
     let blocks = args.working_set_mib / 2;
     let mut setup = ReportingSetup::default();
@@ -92,19 +139,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         settled.as_secs_f64()
     );
 
-    let (ours, again) = alloc_zeroed_timed(&pm, order, blocks)?;
-    let skipped = again
-        .iter()
-        .filter(|b| b.allocation().zeroing == Zeroing::Skipped)
-        .count();
-    println!(
-        "4. allocated {} MiB zeroed: {skipped}/{blocks} blocks known zero (host-zeroed), \
-         alloc {:.2} ms, first touch {:.2} ms",
-        args.working_set_mib,
-        ms(ours.alloc),
-        ms(ours.touch)
-    );
-    drop(again);
+    realloc_zeroed(&pm, order, blocks, "host-zeroed")?;
 
     // The baseline: the same working set on memory that never left (reporting off, sized
     // to the working set so every block is the dirty one just written).
@@ -140,17 +175,40 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn write_working_set(
-    pm: &ProcessMemory,
+    pm: &impl DemoMemory,
     order: Order,
     n: usize,
 ) -> Result<Vec<PageBlock>, zeronce::Error> {
     (0..n)
         .map(|_| {
-            let mut b = pm.alloc(order)?;
+            let mut b = pm.alloc_with(order, AllocRequest::DIRTY)?;
             b.as_mut_slice().fill(0xA5);
             Ok(b)
         })
         .collect()
+}
+
+/// Step 4 of both demos: allocates the working set again zeroed, times it, and says how
+/// many blocks were known zero (zeroed by `zeroed_by`).
+fn realloc_zeroed(
+    pm: &impl DemoMemory,
+    order: Order,
+    blocks: usize,
+    zeroed_by: &str,
+) -> Result<(), zeronce::Error> {
+    let (ours, again) = alloc_zeroed_timed(pm, order, blocks)?;
+    let skipped = again
+        .iter()
+        .filter(|b| b.allocation().zeroing == Zeroing::Skipped)
+        .count();
+    println!(
+        "4. allocated {} MiB zeroed: {skipped}/{blocks} blocks known zero ({zeroed_by}), \
+         alloc {:.2} ms, first touch {:.2} ms",
+        (blocks * order.bytes() as usize) >> 20,
+        ms(ours.alloc),
+        ms(ours.touch)
+    );
+    Ok(())
 }
 
 /// Wall time of allocating a working set zeroed, and of then touching every page.
@@ -160,13 +218,13 @@ struct Timing {
 }
 
 fn alloc_zeroed_timed(
-    pm: &ProcessMemory,
+    pm: &impl DemoMemory,
     order: Order,
     n: usize,
 ) -> Result<(Timing, Vec<PageBlock>), zeronce::Error> {
     let start = Instant::now();
     let mut blocks = (0..n)
-        .map(|_| pm.alloc_zeroed(order))
+        .map(|_| pm.alloc_with(order, AllocRequest::ZEROED))
         .collect::<Result<Vec<_>, _>>()?;
     let alloc = start.elapsed();
     let start = Instant::now();
@@ -186,10 +244,10 @@ fn ms(d: Duration) -> f64 {
 
 /// Polls every 100 ms until the reporter has reported what is free or `limit` passed;
 /// returns how long it took.
-fn wait_for_reporter(pm: &ProcessMemory, limit: Duration) -> Duration {
+fn wait_for_reporter(pm: &impl DemoMemory, limit: Duration) -> Duration {
     let start = Instant::now();
     while start.elapsed() < limit {
-        let s = pm.stats().mm;
+        let s = pm.mm_stats();
         let unreported_free: u64 = s.free_pages_total() - reported_pages(&s);
         if unreported_free < 512 {
             break;

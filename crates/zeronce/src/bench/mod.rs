@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod alloc_once;
 pub mod churn;
+pub mod prezero;
 pub mod rss_follow;
 pub mod stats;
 pub mod zero;
@@ -34,6 +35,8 @@ pub enum Which {
     Churn(churn::ChurnArgs),
     /// RSS after freeing 4 GiB: Linux budget vs adaptive budget.
     RssFollow(rss_follow::RssFollowArgs),
+    /// The 003 seed: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
+    Prezero(prezero::PrezeroArgs),
 }
 
 /// Error type of the benchmarks: a message for the user.
@@ -47,5 +50,6 @@ pub fn run(which: Which) -> BenchResult {
         Which::AllocOnce(args) => alloc_once::run(&args),
         Which::Churn(args) => churn::run(&args),
         Which::RssFollow(args) => rss_follow::run(&args),
+        Which::Prezero(args) => prezero::run(&args),
     }
 }

@@ -5,6 +5,8 @@
 //!
 //! Descriptors are allocated round-robin, so at most `size` descriptors may be in flight.
 
+use std::sync::atomic::Ordering;
+
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
@@ -181,7 +183,13 @@ impl DriverQueue {
         let slot = GuestAddress(self.avail.0 + 4 + 2 * u64::from(self.avail_idx % self.size));
         mem.write_obj(head.to_le(), slot)?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx.to_le(), GuestAddress(self.avail.0 + 2))
+        // Release: the device, loading the index with Acquire, sees the entry and its
+        // descriptors.
+        mem.store(
+            self.avail_idx.to_le(),
+            GuestAddress(self.avail.0 + 2),
+            Ordering::Release,
+        )
     }
 
     /// Sets the raw available index (hostile drivers claim more entries than exist).
@@ -199,7 +207,9 @@ impl DriverQueue {
         &mut self,
         mem: &M,
     ) -> Result<Vec<(u32, u32)>, GuestMemoryError> {
-        let idx = u16::from_le(mem.read_obj::<u16>(GuestAddress(self.used.0 + 2))?);
+        // Acquire: pairs with the device's Release store of the used index, so the
+        // elements below it are visible.
+        let idx = u16::from_le(mem.load::<u16>(GuestAddress(self.used.0 + 2), Ordering::Acquire)?);
         let mut out = Vec::new();
         while self.last_used != idx {
             let at = GuestAddress(self.used.0 + 4 + 8 * u64::from(self.last_used % self.size));

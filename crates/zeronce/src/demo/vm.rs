@@ -81,7 +81,11 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let plain = VmMemory::builder()
         .size(args.working_set_mib * MIB + 4 * MIB)
         .backing(backing)
-        .reporting(reporting)
+        // Small on purpose (every block is the one just written): no watermark gate.
+        .reporting(ReportingConfig {
+            watermark_gate: false,
+            ..reporting
+        })
         .zero_hints(false)
         .fresh_is_zero(false)
         .build()?;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use zeronce::zeronce_balloon::{DiscardPolicy, DriverOptions};
+use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
 use zeronce::{Order, PageBlock, VmBuilder, VmMemory};
@@ -84,7 +85,19 @@ fn reported_blocks_leave_the_memfd_and_come_back_known_zero() {
     assert!(vm
         .negotiated()
         .contains(zeronce::zeronce_balloon::Feature::DeviceInitReported));
+    let (ring_gpa, ring_len) = vm.ring_area();
+    assert_eq!(
+        ring_gpa + ring_len,
+        SIZE as u64,
+        "rings at the top of guest RAM"
+    );
+    assert_eq!(
+        vm.stats().mm.free_pages_total() * 4096,
+        ring_gpa,
+        "the ring area is not the allocator's"
+    );
     let before = vm.memfd_allocated_bytes();
+    assert!(before >= 4096, "the rings are written in the memfd");
     let f = write_free_flush(&vm);
     let (freed, flushed) = (f.freed, f.flushed);
     println!(
@@ -127,7 +140,13 @@ fn reported_blocks_leave_the_memfd_and_come_back_known_zero() {
 #[test]
 fn verify_mode_confirms_every_zero_promise_and_skipped_zeroing() {
     let vm = builder().verify(true).build().unwrap();
-    write_free_flush(&vm);
+    let f = write_free_flush(&vm);
+    // Checking each promise reads the block: shmem read faults bring pages back.
+    println!(
+        "verify mode: memfd {} KiB after free, {} KiB after the report and its checks",
+        f.freed >> 10,
+        f.flushed >> 10
+    );
     let again: Vec<PageBlock> = (0..BLOCKS)
         .map(|_| vm.alloc_zeroed(order9()).unwrap())
         .collect();
@@ -231,5 +250,34 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     let b = vm.alloc_zeroed(order9()).unwrap();
     assert!(b.as_slice().iter().all(|&x| x == 0));
     drop(b);
+    vm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn hugetlb_guest_ram_reports_whole_huge_pages() {
+    let vm = match builder()
+        .backing(BackingKind::Hugetlb(HugePageSize::Size2M))
+        .verify(true)
+        .build()
+    {
+        Ok(vm) => vm,
+        Err(e) => {
+            println!("skipped: no 2 MiB huge pages here ({e})");
+            return;
+        }
+    };
+    assert_eq!(vm.ring_area().1, 2 << 20, "the ring area is one huge page");
+    let f = write_free_flush(&vm);
+    assert!(f.flushed < f.freed, "huge pages left the memfd");
+    let s = vm.stats();
+    assert_eq!(s.driver.zeroed, f.blocks);
+    let again: Vec<PageBlock> = (0..BLOCKS)
+        .map(|_| vm.alloc_zeroed(order9()).unwrap())
+        .collect();
+    assert!(again
+        .iter()
+        .all(|b| b.allocation().zeroing == Zeroing::Skipped));
+    assert_eq!(vm.stats().mm.verify_failures, 0);
+    drop(again);
     vm.manager().check_invariants().unwrap();
 }

@@ -260,7 +260,7 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
 fn hugetlb_guest_ram_reports_whole_huge_pages() {
     let vm = match builder()
         .backing(BackingKind::Hugetlb(HugePageSize::Size2M))
-        .verify(true)
+        // Not verify mode: its reads would fault the huge pages right back in.
         .build()
     {
         Ok(vm) => vm,
@@ -275,7 +275,7 @@ fn hugetlb_guest_ram_reports_whole_huge_pages() {
     let s = vm.stats();
     assert_eq!(s.driver.zeroed, f.blocks);
     let again = realloc_zeroed_skipping(&vm);
-    assert_eq!(vm.stats().mm.verify_failures, 0);
+    assert!(again.iter().all(|b| b.as_slice().iter().all(|&x| x == 0)));
     drop(again);
     vm.manager().check_invariants().unwrap();
 }

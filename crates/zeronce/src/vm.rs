@@ -142,6 +142,8 @@ impl VmBuilder {
     }
 
     /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
+    /// Those reads fault discarded pages back into the memfd (shmem and hugetlbfs
+    /// allocate on a read fault), so the memfd does not shrink in verify mode.
     pub fn verify(mut self, on: bool) -> Self {
         self.verify = on;
         self

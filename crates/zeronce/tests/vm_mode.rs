@@ -320,3 +320,26 @@ fn threads_allocating_while_reports_run_never_lose_data() {
     assert!(s.driver.zeroed > 0, "the freed blocks were reported");
     vm.manager().check_invariants().unwrap();
 }
+
+#[test]
+fn a_poisoning_guest_refuses_bit_6_and_the_device_keeps_its_poison() {
+    // PAGE_POISON with a nonzero value: the driver does not accept bit 6 and tells the
+    // value; the device then must not discard (zeros would replace the poison).
+    let vm = builder()
+        .driver(DriverOptions {
+            page_poison: Some(0xaaaa_aaaa),
+            ..DriverOptions::default()
+        })
+        .build()
+        .unwrap();
+    let negotiated = vm.negotiated();
+    assert!(negotiated.contains(zeronce::zeronce_balloon::Feature::PagePoison));
+    assert!(!negotiated.contains(zeronce::zeronce_balloon::Feature::DeviceInitReported));
+    let f = write_free_flush(&vm);
+    assert_eq!(f.flushed, f.freed, "nothing discarded");
+    let s = vm.stats();
+    assert_eq!(s.device.reports_skipped_poison, f.blocks);
+    assert_eq!(s.device.bytes_discarded, 0);
+    assert_eq!((s.driver.zeroed, s.driver.not_zeroed), (0, f.blocks));
+    vm.manager().check_invariants().unwrap();
+}

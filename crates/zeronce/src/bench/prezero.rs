@@ -4,11 +4,14 @@
 //!
 //! * `inline`: the pool was not pre-zeroed, the allocation path zeroes every page;
 //! * `prezeroed`: `prezero(all)` ran beforehand on a background thread (its cost is
-//!   measured too, as GB/s, so nothing is hidden), the allocation path zeroes nothing.
+//!   measured too, as GB/s, so nothing is hidden), the allocation path zeroes nothing;
+//! * `kernel_fault`: the seed's own baseline — a fresh, never-touched pool of the same
+//!   size: its pages are known zero and the kernel zeroes each one when the touch faults
+//!   it in (for hugetlb only when twice the pages are reserved).
 //!
 //! Modes alternate per run (order rotates); each timed allocation starts the same
-//! `--gap-ms` after its memory was last written (dirtied or pre-zeroed), so cache and
-//! host-reclaim state is alike. Thread CPU time and wall time of the allocation step,
+//! `--gap-ms` after its memory was last written (dirtied, pre-zeroed or mapped), so cache
+//! and host-reclaim state is alike. Thread CPU time and wall time of the allocation step,
 //! medians over the runs. Hugetlb 2 MiB pages too when enough are reserved.
 
 use super::stats::{time_it, Sample, Summary};
@@ -30,7 +33,7 @@ pub struct PrezeroArgs {
     /// 2 MiB pages in the pool.
     #[arg(long, default_value_t = 512)]
     pub pages: u64,
-    /// Time between the last write of the memory and the timed allocation, both modes.
+    /// Time between the last write of the memory and the timed allocation, all modes.
     #[arg(long, default_value_t = 200)]
     pub gap_ms: u64,
 }
@@ -39,20 +42,23 @@ pub struct PrezeroArgs {
 /// "negligible" with.
 const SEED: &str = "003 seed (Skylake, 64 x 1 GiB hugetlb): ~16 s (~250 ms/page) without pre-zeroing, negligible with";
 
-/// One run of both modes.
+const MODES: [&str; 3] = ["inline", "prezeroed", "kernel_fault"];
+const INLINE: usize = 0;
+const PREZEROED: usize = 1;
+const FAULT: usize = 2;
+
+/// Samples of every mode.
 #[derive(Default)]
 struct Series {
-    /// `[inline, prezeroed]`: allocation step (alloc + touch), allocation alone, touch alone.
-    alloc_touch: [Vec<Sample>; 2],
-    alloc_only: [Vec<Sample>; 2],
+    /// Per mode ([`MODES`]): the allocation step (alloc + touch) and allocation alone.
+    alloc_touch: [Vec<Sample>; 3],
+    alloc_only: [Vec<Sample>; 3],
     /// The pre-zeroing pass of the `prezeroed` mode (background thread).
     prezero: Vec<Sample>,
     prezero_bytes: u64,
-    /// Pages the allocation path had to zero, per mode (should be all / none).
-    zeroed_inline: [Vec<u64>; 2],
+    /// Pages the allocation path had to zero, per mode (should be all / none / none).
+    zeroed_inline: [Vec<u64>; 3],
 }
-
-const MODES: [&str; 2] = ["inline", "prezeroed"];
 
 /// Allocates every page, writes all of it, frees it: the pool is all dirty.
 fn dirty_all(pool: &HugePagePool, pages: u64) -> Result<(), PrezeroError> {
@@ -91,18 +97,33 @@ fn alloc_step(
     Ok(())
 }
 
+/// Runs the modes `runs` times, interleaved (order rotates per run); `kernel_fault` only
+/// with `fault`.
 fn measure(
-    pool: &HugePagePool,
+    kind: BackingKind,
     pages: u64,
     runs: usize,
     gap: Duration,
+    fault: bool,
 ) -> Result<Series, PrezeroError> {
+    let pool = HugePagePool::builder().pages(pages).backing(kind).build()?;
     let mut s = Series::default();
+    let modes = if fault { 3 } else { 2 };
     for run in 0..runs {
-        for k in 0..2 {
-            let mode = (run + k) % 2;
-            dirty_all(pool, pages)?;
-            if mode == 1 {
+        for k in 0..modes {
+            let mode = (run + k) % modes;
+            if mode == FAULT {
+                let fresh = HugePagePool::builder()
+                    .pages(pages)
+                    .backing(kind)
+                    .populate(false)
+                    .build()?;
+                std::thread::sleep(gap);
+                alloc_step(&fresh, pages, &mut s, mode)?;
+                continue;
+            }
+            dirty_all(&pool, pages)?;
+            if mode == PREZEROED {
                 // The background pre-zeroer: another thread, timed on its own clock.
                 let (t, report) = std::thread::scope(|sc| {
                     sc.spawn(|| time_it(|| pool.prezero(u64::MAX, &CancelToken::new())))
@@ -113,7 +134,7 @@ fn measure(
                 s.prezero_bytes = report.bytes;
             }
             std::thread::sleep(gap);
-            alloc_step(pool, pages, &mut s, mode)?;
+            alloc_step(&pool, pages, &mut s, mode)?;
         }
     }
     Ok(s)
@@ -127,10 +148,22 @@ fn ms(samples: &[Sample], cpu: bool) -> Summary {
     Summary::of(&v).expect("at least one run")
 }
 
+/// Median of `samples[over]` / median of `samples[under]` (CPU or wall).
+fn ratio(samples: &[Vec<Sample>; 3], over: usize, under: usize, cpu: bool) -> f64 {
+    ms(&samples[over], cpu).median / ms(&samples[under], cpu).median
+}
+
 /// JSON of one backing: per mode, the prezero pass, the ratios.
-fn report(s: &Series) -> (Value, f64) {
+fn report(s: &Series) -> Value {
     let mut out = Map::new();
     for (m, name) in MODES.iter().enumerate() {
+        if s.alloc_touch[m].is_empty() {
+            out.insert(
+                (*name).into(),
+                json!({ "skipped": "needs twice the pages free" }),
+            );
+            continue;
+        }
         out.insert(
             (*name).into(),
             json!({
@@ -141,17 +174,34 @@ fn report(s: &Series) -> (Value, f64) {
             }),
         );
     }
-    let med = |v: &[Vec<Sample>; 2], m: usize, cpu: bool| ms(&v[m], cpu).median;
-    let ratio = med(&s.alloc_touch, 1, true) / med(&s.alloc_touch, 0, true);
-    out.insert("ratio_alloc_prezeroed_over_inline".into(), json!(ratio));
-    out.insert(
-        "ratio_alloc_prezeroed_over_inline_wall".into(),
-        json!(med(&s.alloc_touch, 1, false) / med(&s.alloc_touch, 0, false)),
-    );
-    out.insert(
-        "ratio_alloc_only_prezeroed_over_inline".into(),
-        json!(med(&s.alloc_only, 1, true) / med(&s.alloc_only, 0, true)),
-    );
+    let (t, a) = (&s.alloc_touch, &s.alloc_only);
+    let mut ratios = vec![
+        (
+            "ratio_alloc_prezeroed_over_inline",
+            ratio(t, PREZEROED, INLINE, true),
+        ),
+        (
+            "ratio_alloc_prezeroed_over_inline_wall",
+            ratio(t, PREZEROED, INLINE, false),
+        ),
+        (
+            "ratio_alloc_only_prezeroed_over_inline",
+            ratio(a, PREZEROED, INLINE, true),
+        ),
+    ];
+    if !t[FAULT].is_empty() {
+        ratios.push((
+            "ratio_alloc_prezeroed_over_kernel_fault",
+            ratio(t, PREZEROED, FAULT, true),
+        ));
+        ratios.push((
+            "ratio_alloc_prezeroed_over_kernel_fault_wall",
+            ratio(t, PREZEROED, FAULT, false),
+        ));
+    }
+    for (name, r) in ratios {
+        out.insert(name.into(), json!(r));
+    }
     let wall = ms(&s.prezero, false);
     out.insert(
         "prezero".into(),
@@ -162,15 +212,19 @@ fn report(s: &Series) -> (Value, f64) {
             "gb_per_s": s.prezero_bytes as f64 / (wall.median / 1e3) / 1e9,
         }),
     );
-    (Value::Object(out), ratio)
+    Value::Object(out)
 }
 
 fn print_table(title: &str, s: &Series) {
     println!("{title}");
     for (m, name) in MODES.iter().enumerate() {
+        if s.alloc_touch[m].is_empty() {
+            println!("  {name:<12} skipped (needs twice the pages free)");
+            continue;
+        }
         let cpu = ms(&s.alloc_touch[m], true);
         println!(
-            "  {name:<9} alloc+touch cpu {:>8.2} ± {:>6.2} ms (median {:>8.2})  wall median {:>8.2} ms  alloc alone {:>7.2} ms  pages zeroed on this path {}",
+            "  {name:<12} alloc+touch cpu {:>8.2} ± {:>6.2} ms (median {:>8.2})  wall median {:>8.2} ms  alloc alone {:>7.2} ms  pages zeroed on this path {}",
             cpu.mean,
             cpu.sd,
             cpu.median,
@@ -179,14 +233,25 @@ fn print_table(title: &str, s: &Series) {
             s.zeroed_inline[m].iter().max().unwrap_or(&0),
         );
     }
-    let (_, ratio) = report(s);
+    let r = report(s);
     let wall = ms(&s.prezero, false).median;
     println!(
         "  prezero pass (background thread): cpu {:.2} ms, wall {wall:.2} ms = {:.1} GB/s",
         ms(&s.prezero, true).median,
         s.prezero_bytes as f64 / (wall / 1e3) / 1e9
     );
-    println!("  ratio alloc+touch cpu prezeroed / inline = {ratio:.3} (target <= 0.1)");
+    let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "  cpu ratio prezeroed / inline: alloc+touch {:.3} (target <= 0.1), allocation alone {:.4}",
+        f("ratio_alloc_prezeroed_over_inline"),
+        f("ratio_alloc_only_prezeroed_over_inline")
+    );
+    if !s.alloc_touch[FAULT].is_empty() {
+        println!(
+            "  cpu ratio prezeroed / kernel_fault (the seed's baseline): {:.3}",
+            f("ratio_alloc_prezeroed_over_kernel_fault")
+        );
+    }
 }
 
 /// Runs one backing; the inner `Err` says why its memory was not available.
@@ -195,12 +260,13 @@ fn run_backing(
     pages: u64,
     runs: usize,
     gap: Duration,
+    fault: bool,
 ) -> Result<Result<Series, String>, PrezeroError> {
-    match HugePagePool::builder().pages(pages).backing(kind).build() {
-        Ok(pool) => measure(&pool, pages, runs, gap).map(Ok),
+    match measure(kind, pages, runs, gap, fault) {
+        Ok(s) => Ok(Ok(s)),
         // Hugetlb pages taken by someone else between the check and the mapping.
         Err(PrezeroError::Ram(e)) if matches!(kind, BackingKind::Hugetlb(_)) => {
-            Ok(Err(e.to_string()))
+            Ok(Err(format!("hugetlb skipped: {e}")))
         }
         Err(e) => Err(e),
     }
@@ -210,26 +276,24 @@ fn run_backing(
 pub fn run(args: &PrezeroArgs) -> BenchResult {
     let Common { quick, json } = args.common;
     let (pages, runs, gap) = if quick {
-        (
-            args.pages.min(64),
-            args.runs.min(5),
-            Duration::from_millis(args.gap_ms.min(20)),
-        )
+        let gap = Duration::from_millis(args.gap_ms.min(20));
+        (args.pages.min(64), args.runs.min(5), gap)
     } else {
         (args.pages, args.runs, Duration::from_millis(args.gap_ms))
     };
-    let thp = run_backing(BackingKind::Anonymous { thp: true }, pages, runs, gap)?
+    let thp = run_backing(BackingKind::Anonymous { thp: true }, pages, runs, gap, true)?
         .map_err(|e| format!("THP pool: {e}"))?;
     let available = KernelPool::read(2 << 20).map_or(0, |p| p.available());
     let hugetlb = if available >= pages {
-        run_backing(BackingKind::Hugetlb(HugePageSize::Size2M), pages, runs, gap)?
+        let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
+        run_backing(kind, pages, runs, gap, available >= 2 * pages)?
     } else {
         Err(format!(
             "hugetlb skipped: needs {pages} free 2 MiB huge pages (vm.nr_hugepages), {available} available"
         ))
     };
-    let (thp_json, ratio) = report(&thp);
     if json {
+        let thp_json = report(&thp);
         let out = json!({
             "bench": "prezero",
             "quick": quick,
@@ -237,12 +301,14 @@ pub fn run(args: &PrezeroArgs) -> BenchResult {
             "page_bytes": 2 << 20,
             "runs": runs,
             "gap_ms": gap.as_millis() as u64,
-            "ratio_alloc_prezeroed_over_inline": ratio,
+            "ratio_alloc_prezeroed_over_inline": thp_json["ratio_alloc_prezeroed_over_inline"],
+            "ratio_alloc_only_prezeroed_over_inline": thp_json["ratio_alloc_only_prezeroed_over_inline"],
+            "ratio_alloc_prezeroed_over_kernel_fault": thp_json["ratio_alloc_prezeroed_over_kernel_fault"],
             "prezero_gb_per_s": thp_json["prezero"]["gb_per_s"],
             "thp": thp_json,
-            "hugetlb": match &hugetlb { Ok(h) => report(h).0, Err(why) => json!({ "skipped": why }) },
+            "hugetlb": match &hugetlb { Ok(h) => report(h), Err(why) => json!({ "skipped": why }) },
             "seed": SEED,
-            "method": "pool all dirty (written, freed); timed: allocate every page zeroed + touch 1 byte per 4 KiB, thread CPU and wall; inline = allocation path zeroes, prezeroed = prezero(all) on a background thread first (its cost in prezero); modes alternate per run, same gap since the last write",
+            "method": "pool all dirty (written, freed); timed: allocate every page zeroed + touch 1 byte per 4 KiB, thread CPU and wall; inline = the allocation path zeroes; prezeroed = prezero(all) on a background thread first (its cost under prezero); kernel_fault = a fresh never-touched pool, the kernel zeroes at fault (the seed's baseline); modes alternate per run, same gap since the memory was last written",
         });
         println!("{out}");
         return Ok(());

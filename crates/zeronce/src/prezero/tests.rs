@@ -139,3 +139,32 @@ fn hugetlb_backing_needs_reserved_pages_and_says_so() {
         Err(e) => panic!("unexpected error: {e}"),
     }
 }
+
+#[test]
+fn allocation_racing_a_prezeroer_always_gets_zeroed_pages() {
+    let p = pool(2, 0);
+    dirty_everything(&p);
+    let stop = CancelToken::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.is_cancelled() {
+                p.prezero(u64::MAX, &stop);
+                std::thread::yield_now();
+            }
+        });
+        for round in 0..300u32 {
+            // Pages may be mid-zeroing: the allocator waits for them or zeroes inline.
+            let mut a = p.alloc(true).unwrap();
+            let mut b = p.alloc(true).unwrap();
+            assert!(a.as_slice().iter().all(|&x| x == 0), "round {round}");
+            assert!(b.as_slice().iter().all(|&x| x == 0), "round {round}");
+            a.as_mut_slice()[round as usize] = 1;
+            b.as_mut_slice()[4096 + round as usize] = 1;
+            drop((a, b));
+        }
+        stop.cancel();
+    });
+    let k = p.counters();
+    assert_eq!(k.allocs_prezeroed + k.allocs_zeroed_inline, 600);
+    p.check_invariants().unwrap();
+}

@@ -174,6 +174,17 @@ where
     }
 }
 
+/// Logs what a background pass did (failures loudly: they are a host or a verify problem).
+fn log_pass(r: &PassReport) {
+    if let Some(e) = &r.error {
+        tracing::warn!(%e, ?r.stats, "report pass stopped: the batch went back unreported");
+    }
+    if let Some(e) = &r.put_back_error {
+        tracing::error!(%e, "a reported block was put back wrongly");
+    }
+    tracing::debug!(?r.stats, "report pass");
+}
+
 /// Sleep until notified or due, run what is due, repeat; never spins.
 fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &Shared<D>, hooks: &H) {
     loop {
@@ -210,7 +221,9 @@ fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &Shared<D>, hooks: &H) 
                 // Due: run without the wake lock so frees never wait for a pass.
                 drop(wake);
                 let mut dev = lock(&s.device);
-                s.engine.run_due(hooks, &mut *dev, Instant::now());
+                if let Some(r) = s.engine.run_due(hooks, &mut *dev, Instant::now()) {
+                    log_pass(&r);
+                }
             }
         }
     }

@@ -82,6 +82,15 @@ pub enum ReportingConfigError {
     /// The device accepts no block at all.
     #[error("the reporting device accepts no block (capacity 0)")]
     DeviceCapacity,
+    /// The reporting order is above the allocator's largest order: nothing would ever be
+    /// reported.
+    #[error("reporting {order} is above the allocator's max {max}")]
+    OrderAboveMax {
+        /// Configured reporting order.
+        order: crate::Order,
+        /// The allocator's largest order.
+        max: crate::Order,
+    },
 }
 
 impl ReportingConfig {

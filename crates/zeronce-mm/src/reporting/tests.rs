@@ -325,3 +325,17 @@ fn allocation_takes_resident_blocks_before_reported_ones() {
         .iter()
         .all(|p| *p == FreeState::REPORTED_ZERO));
 }
+
+#[test]
+fn a_reporter_refuses_an_order_it_could_never_report() {
+    let m = Arc::new(mm(0));
+    let c = ReportingConfig {
+        order: Order::new(5).unwrap(),
+        ..cfg(32, BudgetPolicy::Linux)
+    };
+    let err = Reporter::start(m, Scripted::new(Verdict::Zeroed), c).err();
+    assert!(matches!(
+        err,
+        Some(ReportingConfigError::OrderAboveMax { .. })
+    ));
+}

@@ -90,6 +90,12 @@ where
         device: D,
         config: ReportingConfig,
     ) -> Result<Self, ReportingConfigError> {
+        if config.order > hooks.max_order() {
+            return Err(ReportingConfigError::OrderAboveMax {
+                order: config.order,
+                max: hooks.max_order(),
+            });
+        }
         let engine = ReportingEngine::new(config, device.capacity())?;
         let shared = Arc::new(Shared {
             engine,

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod held;
 mod managed;
 pub mod process;
 pub mod vm;

@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use zeronce_mem::{ClaimError, RamRange, SharedRam};
+use zeronce_mem::SharedRam;
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
     AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
     Order, PageRange, Pfn,
 };
 
+use crate::held::HeldBytes;
 use crate::process::{Error, RamZeroer};
 
 /// A manager over some RAM, with reporting to a device of type `D` (or none).
@@ -97,26 +98,15 @@ pub(crate) fn alloc_block(
     req: AllocRequest,
 ) -> Result<PageBlock, Error> {
     let alloc = home.mm().alloc(order, req)?;
-    let range = match claim(home.ram(), alloc.block) {
-        Ok(r) => r,
+    let bytes = match HeldBytes::claim(home.ram(), alloc.block.pfn, alloc.block.order) {
+        Ok(b) => b,
         Err(e) => {
             // Give the block back before reporting the bug.
             let _ = home.mm().free(alloc.block, FreeHint::Dirty);
             return Err(e.into());
         }
     };
-    Ok(PageBlock {
-        home,
-        alloc,
-        range: Some(range),
-    })
-}
-
-fn claim(ram: &Arc<SharedRam>, block: Block) -> Result<RamRange, ClaimError> {
-    ram.claim(
-        block.pfn.byte_offset() as usize,
-        block.order.bytes() as usize,
-    )
+    Ok(PageBlock { home, alloc, bytes })
 }
 
 /// An allocated block of a [`crate::ProcessMemory`] or [`crate::VmMemory`]: owns its
@@ -124,8 +114,8 @@ fn claim(ram: &Arc<SharedRam>, block: Block) -> Result<RamRange, ClaimError> {
 pub struct PageBlock {
     home: Arc<dyn Home>,
     alloc: Allocation,
-    /// `None` once freed.
-    range: Option<RamRange>,
+    /// Empty once freed.
+    bytes: HeldBytes,
 }
 
 impl PageBlock {
@@ -141,20 +131,18 @@ impl PageBlock {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.range.as_ref().map_or(&[], |r| r.as_slice())
+        self.bytes.as_slice()
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+        self.bytes.as_mut_slice()
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
     /// the block in for writing.
     pub fn touch(&mut self, stride: usize) {
-        if let Some(r) = self.range.as_mut() {
-            r.touch(stride);
-        }
+        self.bytes.touch(stride);
     }
 
     /// Frees the block (contents unknown).
@@ -169,17 +157,19 @@ impl PageBlock {
     }
 
     fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
-        let Some(range) = self.range.take() else {
-            return Ok(());
-        };
         // Our claim must go before the manager (or the verify read) can touch the block.
-        drop(range);
+        if !self.bytes.release() {
+            return Ok(());
+        }
         match self.home.mm().free(self.alloc.block, hint) {
             Ok(()) => Ok(()),
             Err(e) => {
                 if hint == FreeHint::KnownZero {
                     // Still ours: take the bytes back so drop frees it dirty.
-                    self.range = claim(self.home.ram(), self.alloc.block).ok();
+                    let b = self.alloc.block;
+                    if let Ok(bytes) = HeldBytes::claim(self.home.ram(), b.pfn, b.order) {
+                        self.bytes = bytes;
+                    }
                 }
                 Err(e.into())
             }

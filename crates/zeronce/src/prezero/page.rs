@@ -2,19 +2,19 @@
 
 use std::sync::Arc;
 
-use zeronce_mem::RamRange;
 use zeronce_mm::hugepool::{HugePage, PoolAllocation, PoolZeroing};
 use zeronce_mm::{FreeHint, Zeroer};
 
 use super::{PrezeroError, Shared};
+use crate::held::HeldBytes;
 
 /// A page allocated from a [`super::HugePagePool`].
 #[derive(Debug)]
 pub struct PoolPage {
     shared: Arc<Shared>,
     allocation: PoolAllocation,
-    /// `None` once freed.
-    range: Option<RamRange>,
+    /// Empty once freed.
+    bytes: HeldBytes,
 }
 
 impl PoolPage {
@@ -29,14 +29,11 @@ impl PoolPage {
             // Ours alone now (in use); the write happens outside the pool lock.
             shared.zeroer.zero(page.range(), None);
         }
-        let claimed = shared
-            .ram
-            .claim(page.pfn.byte_offset() as usize, page.order.bytes() as usize);
-        match claimed {
-            Ok(range) => Ok(PoolPage {
+        match HeldBytes::claim(&shared.ram, page.pfn, page.order) {
+            Ok(bytes) => Ok(PoolPage {
                 shared,
                 allocation,
-                range: Some(range),
+                bytes,
             }),
             Err(e) => {
                 let mut pool = shared.locked.lock();
@@ -59,20 +56,18 @@ impl PoolPage {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.range.as_ref().map_or(&[], |r| r.as_slice())
+        self.bytes.as_slice()
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.range.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+        self.bytes.as_mut_slice()
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value: touches the
     /// page for writing without changing it.
     pub fn touch(&mut self, stride: usize) {
-        if let Some(r) = self.range.as_mut() {
-            r.touch(stride);
-        }
+        self.bytes.touch(stride);
     }
 
     /// Gives the page back, dirty (it becomes zeroable work).
@@ -83,7 +78,7 @@ impl PoolPage {
     /// Gives back a page the caller zeroed: checked by reading it, it goes back known zero
     /// (no zeroable work) if it reads zero, dirty otherwise. Returns whether it was zero.
     pub fn free_zeroed(mut self) -> Result<bool, PrezeroError> {
-        let zero = self.range.as_ref().is_some_and(|r| r.is_zero());
+        let zero = self.bytes.is_zero();
         let hint = if zero {
             FreeHint::KnownZero
         } else {
@@ -93,10 +88,9 @@ impl PoolPage {
     }
 
     fn release(&mut self, hint: FreeHint) -> Result<(), PrezeroError> {
-        let Some(range) = self.range.take() else {
+        if !self.bytes.release() {
             return Ok(());
-        };
-        drop(range);
+        }
         let locked = &self.shared.locked;
         let mut pool = locked.lock();
         pool.free(self.allocation.page, hint)?;

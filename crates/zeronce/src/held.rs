@@ -1,0 +1,47 @@
+//! [`HeldBytes`]: the bytes of an allocated block (buddy block or pool page), held through
+//! a [`RamRange`] claim from allocation until the block is given back.
+
+use std::sync::Arc;
+
+use zeronce_mem::{ClaimError, RamRange, SharedRam};
+use zeronce_mm::{Order, Pfn};
+
+/// The claimed bytes of a block; empty once released.
+#[derive(Debug)]
+pub(crate) struct HeldBytes(Option<RamRange>);
+
+impl HeldBytes {
+    /// Claims the bytes of the block at `pfn` of `order`.
+    pub(crate) fn claim(ram: &Arc<SharedRam>, pfn: Pfn, order: Order) -> Result<Self, ClaimError> {
+        ram.claim(pfn.byte_offset() as usize, order.bytes() as usize)
+            .map(|r| HeldBytes(Some(r)))
+    }
+
+    /// The bytes (empty once released).
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        self.0.as_ref().map_or(&[], |r| r.as_slice())
+    }
+
+    /// The bytes, mutably (empty once released).
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.0.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+    }
+
+    /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value.
+    pub(crate) fn touch(&mut self, stride: usize) {
+        if let Some(r) = self.0.as_mut() {
+            r.touch(stride);
+        }
+    }
+
+    /// Whether the held bytes all read zero (`false` once released).
+    pub(crate) fn is_zero(&self) -> bool {
+        self.0.as_ref().is_some_and(|r| r.is_zero())
+    }
+
+    /// Ends the claim, so the allocator (or a verify read) may touch the block again;
+    /// `false` if it was already released.
+    pub(crate) fn release(&mut self) -> bool {
+        self.0.take().is_some()
+    }
+}

@@ -23,7 +23,7 @@ pub struct ChurnArgs {
     #[command(flatten)]
     pub common: Common,
     /// Rounds (each runs every mode once).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 11)]
     pub rounds: usize,
     /// Seconds per trial.
     #[arg(long, default_value_t = 2.5)]
@@ -182,7 +182,7 @@ pub fn run(args: &ChurnArgs) -> BenchResult {
     }
     if quick {
         println!(
-            "(--quick: {rounds} rounds of {} ms, delay {} ms; full: 7 rounds of 2.5 s, delay 2 s)",
+            "(--quick: {rounds} rounds of {} ms, delay {} ms; full: 11 rounds of 2.5 s, delay 2 s)",
             dur.as_millis(),
             delay.as_millis()
         );

@@ -12,7 +12,7 @@ use common::*;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::driver_queue::DriverBuf;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MmapDiscarder, QueueKind};
-use zeronce_mem::resident::{file_allocated_bytes, HugePagePool, ProcessRss};
+use zeronce_mem::resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss};
 use Feature::*;
 
 static RSS_LOCK: Mutex<()> = Mutex::new(());
@@ -198,7 +198,7 @@ fn lazy_policy_on_anonymous_memory_never_promises() {
 fn hugetlb_memfd_report_frees_huge_pages_when_the_host_has_them() {
     let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let huge = 2 * MIB as usize;
-    match HugePagePool::read(huge) {
+    match HugetlbPoolCounters::read(huge) {
         Ok(p) if p.available() >= 2 => {}
         other => {
             eprintln!("hugetlb: skipped, no free 2 MiB huge pages ({other:?})");
@@ -217,9 +217,9 @@ fn hugetlb_memfd_report_frees_huge_pages_when_the_host_has_them() {
     .unwrap();
     let mut rig = reporting_rig(&mem);
     rig.fill(2 * MIB, huge, 0x33);
-    let before = HugePagePool::read(huge).unwrap().in_use();
+    let before = HugetlbPoolCounters::read(huge).unwrap().in_use();
     assert_eq!(report_blocks(&mut rig, 2 * MIB, 1), vec![BLOCK as u32]);
-    let after = HugePagePool::read(huge).unwrap().in_use();
+    let after = HugetlbPoolCounters::read(huge).unwrap().in_use();
     eprintln!("hugetlb: huge pages in use {before} -> {after}");
     assert_eq!(before - after, 1);
     assert!(reads_zero(&mem, 2 * MIB, 2 * MIB));

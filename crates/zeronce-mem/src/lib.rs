@@ -13,6 +13,6 @@ pub mod zeroing;
 
 pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
-pub use resident::{HugePagePool, ProcessRss, ResidentError};
+pub use resident::{HugetlbPoolCounters, ProcessRss, ResidentError};
 pub use shared::{ClaimError, RamRange, SharedRam};
 pub use zeroing::{zero_range, zero_range_hinted, ZeroKernel};

@@ -100,7 +100,7 @@ pub fn file_allocated_bytes(fd: impl AsFd) -> Result<u64, ResidentError> {
 
 /// The counters of one hugetlb pool (`/sys/kernel/mm/hugepages/hugepages-<N>kB/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HugePagePool {
+pub struct HugetlbPoolCounters {
     /// Huge page size in bytes.
     pub page_size: usize,
     /// `nr_hugepages`: pages in the pool.
@@ -115,9 +115,9 @@ pub struct HugePagePool {
 
 const HUGEPAGES_DIR: &str = "/sys/kernel/mm/hugepages";
 
-impl HugePagePool {
+impl HugetlbPoolCounters {
     /// Reads the pool of `page_size`-byte pages.
-    pub fn read(page_size: usize) -> Result<HugePagePool, ResidentError> {
+    pub fn read(page_size: usize) -> Result<HugetlbPoolCounters, ResidentError> {
         let dir = Path::new(HUGEPAGES_DIR).join(format!("hugepages-{}kB", page_size / 1024));
         let num = |name: &'static str| -> Result<u64, ResidentError> {
             let path = dir.join(name);
@@ -126,7 +126,7 @@ impl HugePagePool {
                 .parse()
                 .map_err(|_| ResidentError::Parse { path, field: name })
         };
-        Ok(HugePagePool {
+        Ok(HugetlbPoolCounters {
             page_size,
             total: num("nr_hugepages")?,
             free: num("free_hugepages")?,
@@ -136,7 +136,7 @@ impl HugePagePool {
     }
 
     /// Every pool the kernel has (empty if hugetlb is not configured).
-    pub fn all() -> Result<Vec<HugePagePool>, ResidentError> {
+    pub fn all() -> Result<Vec<HugetlbPoolCounters>, ResidentError> {
         let dir = Path::new(HUGEPAGES_DIR);
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Ok(Vec::new());
@@ -245,14 +245,14 @@ mod tests {
 
     #[test]
     fn hugepage_pools_are_consistent() {
-        let pools = HugePagePool::all().expect("sysfs");
+        let pools = HugetlbPoolCounters::all().expect("sysfs");
         for p in pools {
             assert!(p.page_size.is_power_of_two() && p.page_size > PAGE_SIZE);
             assert!(p.free <= p.total + p.surplus, "{p:?}");
             assert!(p.in_use() <= p.total);
         }
         assert!(matches!(
-            HugePagePool::read(3 * 1024),
+            HugetlbPoolCounters::read(3 * 1024),
             Err(ResidentError::Read { .. })
         ));
     }

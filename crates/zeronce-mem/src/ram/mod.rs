@@ -20,7 +20,7 @@ use rustix::io::Errno;
 use rustix::mm::{madvise, mmap, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
 
 use crate::discard::{check_range, discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
-use crate::resident::{file_allocated_bytes, resident_bytes, HugePagePool, ResidentError};
+use crate::resident::{file_allocated_bytes, resident_bytes, HugetlbPoolCounters, ResidentError};
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 use crate::PAGE_SIZE;
 
@@ -161,7 +161,7 @@ impl GuestRam {
             BackingKind::Memfd | BackingKind::Hugetlb(_) => {
                 let mut flags = MemfdFlags::CLOEXEC;
                 if let BackingKind::Hugetlb(hp) = kind {
-                    let pool = HugePagePool::read(page_size)?;
+                    let pool = HugetlbPoolCounters::read(page_size)?;
                     let needed = (size / page_size) as u64;
                     if pool.available() < needed {
                         return Err(RamError::NoHugePages {

@@ -245,7 +245,9 @@ fn hugetlb_punch_hole_frees_whole_pages_or_reports_no_huge_pages() {
         let ps = size.bytes();
         let kind = BackingKind::Hugetlb(size);
         let ram = GuestRam::new(2 * ps, kind);
-        let available = HugePagePool::read(ps).map(|p| p.available()).unwrap_or(0);
+        let available = HugetlbPoolCounters::read(ps)
+            .map(|p| p.available())
+            .unwrap_or(0);
         let mut ram = match ram {
             Err(RamError::NoHugePages { needed, .. }) => {
                 assert_eq!(needed, 2);

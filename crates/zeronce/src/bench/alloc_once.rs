@@ -14,7 +14,7 @@ use super::{BenchResult, Common};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
-use zeronce::zeronce_mem::{BackingKind, HugePagePool, HugePageSize, ProcessRss};
+use zeronce::zeronce_mem::{BackingKind, HugePageSize, HugetlbPoolCounters, ProcessRss};
 use zeronce::{Order, PageBlock, ProcessMemory, ReportingConfig, ReportingSetup};
 
 /// Arguments of `zeronce bench alloc-once`.
@@ -96,7 +96,7 @@ fn dirty_and_free(pm: &ProcessMemory, n: usize) -> Result<Instant, zeronce::Erro
 /// Memory held: the process's anonymous + shmem RSS, plus hugetlb pages in use.
 fn rss_anon() -> f64 {
     let rss = ProcessRss::read().map_or(0, |r| r.anon + r.shmem);
-    let huge = HugePagePool::read(2 << 20).map_or(0, |p| p.in_use() * (2 << 20));
+    let huge = HugetlbPoolCounters::read(2 << 20).map_or(0, |p| p.in_use() * (2 << 20));
     (rss + huge) as f64
 }
 
@@ -259,7 +259,7 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
     let (thp_json, ratio_a, ratio_b) = report(&thp, arena);
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).
     let huge_arena = 2 * size;
-    let pool = HugePagePool::read(2 << 20).ok();
+    let pool = HugetlbPoolCounters::read(2 << 20).ok();
     let mut skip = format!(
         "hugetlb skipped: needs {} free 2 MiB huge pages (vm.nr_hugepages), {} available",
         huge_arena >> 21,

@@ -19,7 +19,7 @@ use super::{BenchResult, Common};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
-use zeronce::zeronce_mem::{BackingKind, HugePagePool as KernelPool, HugePageSize};
+use zeronce::zeronce_mem::{BackingKind, HugePageSize, HugetlbPoolCounters};
 use zeronce::{CancelToken, HugePagePool, PoolPage, PrezeroError};
 
 /// Arguments of `zeronce bench prezero`.
@@ -283,7 +283,7 @@ pub fn run(args: &PrezeroArgs) -> BenchResult {
     };
     let thp = run_backing(BackingKind::Anonymous { thp: true }, pages, runs, gap, true)?
         .map_err(|e| format!("THP pool: {e}"))?;
-    let available = KernelPool::read(2 << 20).map_or(0, |p| p.available());
+    let available = HugetlbPoolCounters::read(2 << 20).map_or(0, |p| p.available());
     let hugetlb = if available >= pages {
         let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
         run_backing(kind, pages, runs, gap, available >= 2 * pages)?

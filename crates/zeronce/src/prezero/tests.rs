@@ -1,5 +1,5 @@
 use super::*;
-use zeronce_mem::HugePagePool as KernelPool;
+use zeronce_mem::HugetlbPoolCounters;
 use zeronce_mm::hugepool::PoolZeroing;
 
 fn pool(pages: u64, interval_ms: u64) -> HugePagePool {
@@ -123,7 +123,7 @@ fn a_held_back_event_still_arrives() {
 
 #[test]
 fn hugetlb_backing_needs_reserved_pages_and_says_so() {
-    let available = KernelPool::read(2 << 20).map_or(0, |k| k.available());
+    let available = HugetlbPoolCounters::read(2 << 20).map_or(0, |k| k.available());
     let built = HugePagePool::builder()
         .pages(2)
         .backing(BackingKind::Hugetlb(HugePageSize::Size2M))

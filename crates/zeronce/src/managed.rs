@@ -8,7 +8,7 @@ use zeronce_mem::SharedRam;
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
     AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
-    Order, PageRange, Pfn,
+    Order, PageRange, Pfn, DEFAULT_MAX_ORDER,
 };
 
 use crate::held::HeldBytes;
@@ -22,38 +22,64 @@ pub(crate) struct Core<D: ReportingDevice + 'static> {
     pub(crate) ram: Arc<SharedRam>,
 }
 
-/// How to build the manager of a [`Core`].
-pub(crate) struct ManagerSetup {
-    /// Pages managed, from page frame 0 (the rest of the RAM is not the allocator's).
-    pub(crate) pages: u64,
+/// The manager settings both builders take (process mode's [`crate::process::Builder`]
+/// and [`crate::VmBuilder`]): they hold one and their setters write to it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ManagerSettings {
+    /// Largest block order.
     pub(crate) max_order: Order,
+    /// Verify mode: skipped zeroing and zero claims are checked by reading memory.
     pub(crate) verify: bool,
     /// Never-touched memory counts as known zero and reported.
     pub(crate) fresh_is_zero: bool,
-    /// Reporting order when reporting is on.
-    pub(crate) reporting_order: Option<Order>,
 }
 
-/// The manager of `setup` over `ram`, zeroing with [`RamZeroer`].
-pub(crate) fn build_manager(
-    ram: &Arc<SharedRam>,
-    setup: &ManagerSetup,
-) -> Result<Arc<MemoryManager>, ConfigError> {
-    let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), setup.pages)]);
-    config.max_order = setup.max_order;
-    config.verify = setup.verify;
-    config.initial_state = if setup.fresh_is_zero {
-        FreeState::REPORTED_ZERO
-    } else {
-        FreeState::DIRTY
-    };
-    if let Some(order) = setup.reporting_order {
-        config.reporting_order = order;
+impl Default for ManagerSettings {
+    /// Max order 10 (4 MiB), no verify mode, fresh memory known zero.
+    fn default() -> Self {
+        ManagerSettings {
+            max_order: DEFAULT_MAX_ORDER,
+            verify: false,
+            fresh_is_zero: true,
+        }
     }
-    Ok(Arc::new(MemoryManager::new(
-        config,
-        Arc::new(RamZeroer::new(Arc::clone(ram))),
-    )?))
+}
+
+impl ManagerSettings {
+    /// The manager of `pages` pages from page frame 0 of `ram` (the rest of the RAM is
+    /// not the allocator's), zeroing with [`RamZeroer`]; `reporting_order` when
+    /// reporting is on.
+    pub(crate) fn build_manager(
+        &self,
+        ram: &Arc<SharedRam>,
+        pages: u64,
+        reporting_order: Option<Order>,
+    ) -> Result<Arc<MemoryManager>, ConfigError> {
+        let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), pages)]);
+        config.max_order = self.max_order;
+        config.verify = self.verify;
+        config.initial_state = if self.fresh_is_zero {
+            FreeState::REPORTED_ZERO
+        } else {
+            FreeState::DIRTY
+        };
+        if let Some(order) = reporting_order {
+            config.reporting_order = order;
+        }
+        Ok(Arc::new(MemoryManager::new(
+            config,
+            Arc::new(RamZeroer::new(Arc::clone(ram))),
+        )?))
+    }
+}
+
+/// Refuses a reporting `order` whose blocks are smaller than the backing's `page_size`
+/// (hugetlb discards whole huge pages only).
+pub(crate) fn check_reporting_order(order: Order, page_size: usize) -> Result<(), Error> {
+    if (order.bytes() as usize) < page_size {
+        return Err(Error::OrderBelowPageSize { order, page_size });
+    }
+    Ok(())
 }
 
 /// Starts the reporting worker for `mm` and `device`, and hooks it to the free path.

@@ -34,9 +34,9 @@ use zeronce_balloon::{
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
-use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, DEFAULT_MAX_ORDER, PAGE_SIZE};
+use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::managed::{self, Core, ManagerSetup, PageBlock};
+use crate::managed::{self, Core, ManagerSettings, PageBlock};
 use crate::process::Error;
 
 /// The driver of VM mode: over the guest's mapping of the ring area, to a device thread.
@@ -79,9 +79,7 @@ pub struct VmBuilder {
     offer: FeatureOffer,
     policy: DiscardPolicy,
     driver: DriverOptions,
-    max_order: Order,
-    verify: bool,
-    fresh_is_zero: bool,
+    manager: ManagerSettings,
 }
 
 impl VmBuilder {
@@ -137,7 +135,7 @@ impl VmBuilder {
 
     /// Largest block order (default 10, 4 MiB).
     pub fn max_order(mut self, order: Order) -> Self {
-        self.max_order = order;
+        self.manager.max_order = order;
         self
     }
 
@@ -145,13 +143,13 @@ impl VmBuilder {
     /// Those reads fault discarded pages back into the memfd (shmem and hugetlbfs
     /// allocate on a read fault), so the memfd does not shrink in verify mode.
     pub fn verify(mut self, on: bool) -> Self {
-        self.verify = on;
+        self.manager.verify = on;
         self
     }
 
     /// Whether never-touched memory counts as known zero and reported (default `true`).
     pub fn fresh_is_zero(mut self, on: bool) -> Self {
-        self.fresh_is_zero = on;
+        self.manager.fresh_is_zero = on;
         self
     }
 
@@ -160,13 +158,7 @@ impl VmBuilder {
     pub fn build(self) -> Result<VmMemory, VmError> {
         let ram = GuestRam::new(self.size, self.backing).map_err(Error::from)?;
         let page_size = ram.backing().page_size();
-        if (self.reporting.order.bytes() as usize) < page_size {
-            return Err(Error::OrderBelowPageSize {
-                order: self.reporting.order,
-                page_size,
-            }
-            .into());
-        }
+        managed::check_reporting_order(self.reporting.order, page_size)?;
         let dup = || -> Result<File, VmError> {
             let fd = ram.fd().ok_or(VmError::NotFileBacked(self.backing))?;
             Ok(File::from(fd.try_clone_to_owned()?))
@@ -213,17 +205,10 @@ impl VmBuilder {
         let reporting_queue_index = driver.reporting_queue_index();
 
         let ram = SharedRam::new(ram);
-        let mm = managed::build_manager(
-            &ram,
-            &ManagerSetup {
-                pages: ring_gpa / PAGE_SIZE,
-                max_order: self.max_order,
-                verify: self.verify,
-                fresh_is_zero: self.fresh_is_zero,
-                reporting_order: Some(self.reporting.order),
-            },
-        )
-        .map_err(Error::from)?;
+        let mm = self
+            .manager
+            .build_manager(&ram, ring_gpa / PAGE_SIZE, Some(self.reporting.order))
+            .map_err(Error::from)?;
         let reporter = managed::start_reporter(&mm, driver, self.reporting).map_err(Error::from)?;
         tracing::debug!(
             ?negotiated,
@@ -280,9 +265,7 @@ impl VmMemory {
             offer: FeatureOffer::default(),
             policy: DiscardPolicy::Immediate,
             driver: DriverOptions::default(),
-            max_order: DEFAULT_MAX_ORDER,
-            verify: false,
-            fresh_is_zero: true,
+            manager: ManagerSettings::default(),
         }
     }
 

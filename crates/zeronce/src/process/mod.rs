@@ -28,12 +28,11 @@ use std::sync::Arc;
 use zeronce_mem::{BackingKind, ClaimError, GuestRam, RamError, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingConfigError, ReportingStats};
 use zeronce_mm::{
-    AllocError, AllocRequest, ConfigError, FreeError, MemoryManager, Order, Stats,
-    DEFAULT_MAX_ORDER, PAGE_SIZE,
+    AllocError, AllocRequest, ConfigError, FreeError, MemoryManager, Order, Stats, PAGE_SIZE,
 };
 
 pub use crate::managed::PageBlock;
-use crate::managed::{self, Core, ManagerSetup};
+use crate::managed::{self, Core, ManagerSettings};
 
 /// Why process memory could not be set up or used.
 #[derive(Debug, thiserror::Error)]
@@ -98,9 +97,7 @@ pub struct Builder {
     size: usize,
     backing: BackingKind,
     reporting: Option<ReportingSetup>,
-    max_order: Order,
-    verify: bool,
-    fresh_is_zero: bool,
+    manager: ManagerSettings,
 }
 
 impl Builder {
@@ -130,13 +127,13 @@ impl Builder {
 
     /// Largest block order (default 10, 4 MiB).
     pub fn max_order(mut self, order: Order) -> Self {
-        self.max_order = order;
+        self.manager.max_order = order;
         self
     }
 
     /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
     pub fn verify(mut self, on: bool) -> Self {
-        self.verify = on;
+        self.manager.verify = on;
         self
     }
 
@@ -144,7 +141,7 @@ impl Builder {
     /// it is not resident and reads zero). `false` makes the allocator zero it like any
     /// dirty memory (baselines).
     pub fn fresh_is_zero(mut self, on: bool) -> Self {
-        self.fresh_is_zero = on;
+        self.manager.fresh_is_zero = on;
         self
     }
 
@@ -152,23 +149,12 @@ impl Builder {
     pub fn build(self) -> Result<ProcessMemory, Error> {
         let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
         if let Some(setup) = &self.reporting {
-            let page_size = ram.backing().page_size();
-            if (setup.config.order.bytes() as usize) < page_size {
-                return Err(Error::OrderBelowPageSize {
-                    order: setup.config.order,
-                    page_size,
-                });
-            }
+            managed::check_reporting_order(setup.config.order, ram.backing().page_size())?;
         }
-        let mm = managed::build_manager(
+        let mm = self.manager.build_manager(
             &ram,
-            &ManagerSetup {
-                pages: self.size as u64 / PAGE_SIZE,
-                max_order: self.max_order,
-                verify: self.verify,
-                fresh_is_zero: self.fresh_is_zero,
-                reporting_order: self.reporting.map(|s| s.config.order),
-            },
+            self.size as u64 / PAGE_SIZE,
+            self.reporting.map(|s| s.config.order),
         )?;
         let reporter = match self.reporting {
             None => None,
@@ -209,9 +195,7 @@ impl ProcessMemory {
             size: 1 << 30,
             backing: BackingKind::Anonymous { thp: true },
             reporting: None,
-            max_order: DEFAULT_MAX_ORDER,
-            verify: false,
-            fresh_is_zero: true,
+            manager: ManagerSettings::default(),
         }
     }
 

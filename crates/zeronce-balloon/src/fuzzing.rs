@@ -22,8 +22,9 @@ use crate::mock::{RecordingDiscarder, RecordingInterrupt};
 use crate::spec::limits::MAX_PFNS_PER_REQUEST;
 use crate::spec::PFN_PAGE_SIZE;
 
-/// Guest RAM of the harness: two 4 MiB regions with a 4 MiB hole between them.
-pub const REGIONS: [(u64, u64); 2] = [(0, 4 << 20), (8 << 20, 4 << 20)];
+/// Guest RAM of the harness: two 4 MiB regions with a 4 MiB hole between them, and a
+/// third right after the second (two mappings back to back: nothing may span them).
+pub const REGIONS: [(u64, u64); 3] = [(0, 4 << 20), (8 << 20, 4 << 20), (12 << 20, 4 << 20)];
 const QUEUE_SIZE: u16 = 16;
 const DATA: u64 = 0x10_0000;
 
@@ -219,6 +220,7 @@ fn plausible_request(
                     let pfn = match c.u8() % 4 {
                         0 => c.u32(),
                         1 => 0x800 + u32::from(c.u16() % 1024), // region 1
+                        2 if c.u8() < 128 => 0xbfc + u32::from(c.u8() % 8), // 1|2 edge
                         _ => 0x200 + u32::from(c.u16() % 512),  // region 0, above DATA
                     };
                     pfn.to_le_bytes()

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use zeronce_mem::vm::GuestDiscardError;
 use zeronce_mem::{Backing, DiscardError, DiscardOp};
 
@@ -91,6 +91,12 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
         assert!(
             mem.check_range(gpa, len as usize),
             "device asked to discard {gpa:?}+{len:#x} outside guest memory"
+        );
+        // ... nor one spanning two regions (two mappings: the real bridge refuses it).
+        let region = mem.find_region(gpa).expect("checked above");
+        assert!(
+            gpa.0 - region.start_addr().0 + len <= region.len(),
+            "device asked to discard {gpa:?}+{len:#x} across the end of its region"
         );
         if self.emulate_zeroing && op.guarantees_zero(backing) {
             let zeros = vec![0u8; 64 * 1024];

@@ -43,6 +43,17 @@ fn reporting_rig(mem: &GuestMemoryMmap) -> Rig<'_, MmapDiscarder> {
     )
 }
 
+/// A device with the real discarder and bit 7 (inflate bitmaps) negotiated.
+fn inflate_rig(mem: &GuestMemoryMmap) -> Rig<'_, MmapDiscarder> {
+    Rig::new(
+        mem,
+        BalloonOptions::default(),
+        MmapDiscarder::new(),
+        &[DeviceInitOnInflate],
+        16,
+    )
+}
+
 /// Reports `n` blocks of 2 MiB at `base`, one buffer each; returns their used lengths.
 fn report_blocks(rig: &mut Rig<'_, MmapDiscarder>, base: u64, n: u64) -> Vec<u32> {
     for i in 0..n {
@@ -151,13 +162,7 @@ fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
 fn inflate_with_bit7_on_anonymous_memory_sets_every_bit_and_zeroes() {
     let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 * MIB as usize)]).unwrap();
-    let mut rig = Rig::new(
-        &mem,
-        BalloonOptions::default(),
-        MmapDiscarder::new(),
-        &[DeviceInitOnInflate],
-        16,
-    );
+    let mut rig = inflate_rig(&mem);
     rig.fill(4 * MIB, 4 * MIB as usize, 0x11);
     let pfns: Vec<u32> = (0..1024).map(|i| ((4 * MIB) >> 12) as u32 + i).collect();
     let bufs = rig.inflate_bufs(&pfns, Some(128));
@@ -268,4 +273,30 @@ fn memfd_inflate_punches_holes_and_hugetlb_override_refuses_small_reports() {
         1
     );
     assert_eq!(rig.read(2 * MIB, 1)[0], 0x55, "nothing discarded");
+}
+
+#[test]
+fn inflate_runs_never_merge_across_adjacent_regions() {
+    // Two regions back to back (as a VMM with several memory slots lays them out): PFNs
+    // on both sides of the boundary are contiguous in guest-physical space but live in
+    // two mappings. One merged run across the boundary is refused by the bridge
+    // (`CrossesRegion`), so nothing was discarded and no bit was set.
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[
+        (GuestAddress(0), 4 * MIB as usize),
+        (GuestAddress(4 * MIB), 4 * MIB as usize),
+    ])
+    .unwrap();
+    let mut rig = inflate_rig(&mem);
+    let first = ((4 * MIB) >> 12) as u32 - 2;
+    rig.fill(u64::from(first) << 12, 4 * 4096, 0x5a);
+    let pfns: Vec<u32> = (first..first + 4).collect();
+    let bufs = rig.inflate_bufs(&pfns, Some(1));
+    assert_eq!(rig.roundtrip(QueueKind::Inflate, &bufs), 1);
+    assert_eq!(
+        rig.read(DATA + 0x8000, 1),
+        vec![0x0f],
+        "all four PFNs zeroed"
+    );
+    assert!(reads_zero(&mem, u64::from(first) << 12, 4 * 4096));
+    assert_eq!(rig.dev.metrics().discard_errors.get(), 0);
 }

@@ -223,7 +223,9 @@ where
     M: GuestMemoryBackend + ?Sized,
     D: Discarder<M> + ?Sized,
 {
-    let mut small: Vec<(u64, u32, Backing)> = Vec::new();
+    // (gpa, bit, backing, region start): runs merge only inside one region, since two
+    // back-to-back regions are two mappings (and possibly two files).
+    let mut small: Vec<(u64, u32, Backing, u64)> = Vec::new();
     let mut huge: HashMap<u64, (u64, Backing, Vec<u32>)> = HashMap::new();
     let mut complete = Vec::new();
     let mut backing_errors = 0;
@@ -242,7 +244,7 @@ where
         };
         let ps = backing.page_size() as u64;
         if ps <= PFN_PAGE_SIZE {
-            small.push((gpa.0, bit as u32, backing));
+            small.push((gpa.0, bit as u32, backing, r.region_start.0));
             continue;
         }
         let base = r.region_start.0 + (gpa.0 - r.region_start.0) / ps * ps;
@@ -257,11 +259,19 @@ where
             complete.push(base);
         }
     }
-    small.sort_unstable_by_key(|(gpa, bit, _)| (*gpa, *bit));
+    small.sort_unstable_by_key(|(gpa, bit, _, _)| (*gpa, *bit));
     let mut out: Vec<PlannedDiscard> = Vec::new();
-    for (gpa, bit, backing) in small {
+    let mut run_region = None;
+    for (gpa, bit, backing, region) in small {
+        let same_region = run_region == Some(region);
+        run_region = Some(region);
         match out.last_mut() {
-            Some(p) if p.backing == backing && gpa >= p.gpa.0 && gpa <= p.gpa.0 + p.len => {
+            Some(p)
+                if same_region
+                    && p.backing == backing
+                    && gpa >= p.gpa.0
+                    && gpa <= p.gpa.0 + p.len =>
+            {
                 p.len = p.len.max(gpa + PFN_PAGE_SIZE - p.gpa.0);
                 p.bits.push(bit);
             }

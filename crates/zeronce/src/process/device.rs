@@ -192,8 +192,18 @@ impl ReportingDevice for ProcessDevice {
                 // Whole block held and its hold is over: discard it now, zero from now on.
                 *verdict = self.discard(block)?;
             } else {
-                // Still (partly) in its hold, or never held here: keep the records.
+                // Still (partly) in its hold, or never held here: keep the records. A
+                // whole block held in parts (buddies reported in different passes, merged
+                // since) is held until its latest part's hold ends: its expired parts must
+                // not be forgotten by `end_settle`, or the block would never be discarded.
+                let whole = covered == block.pages;
+                let latest = records.iter().map(|&(_, _, u)| u).max();
                 for (s, p, until) in records {
+                    let until = if whole {
+                        latest.unwrap_or(until)
+                    } else {
+                        until
+                    };
                     self.held.insert(s, (p, until));
                     self.stats.held_bytes += p * PAGE_SIZE;
                 }
@@ -268,6 +278,35 @@ mod tests {
         // until the pass ends, then forgotten (its block was taken back).
         assert_eq!(d.stats().held_bytes, 2 << 20);
         d.end_settle(later);
+        assert_eq!((d.stats().held_bytes, d.hold_expiry()), (0, None));
+    }
+
+    #[test]
+    fn two_holds_merged_into_one_free_block_are_settled_when_the_later_one_ends() {
+        // Two buddies reported in different passes, then merged on the free list: at the
+        // first expiry the merged block is still partly in its hold; it must be discarded
+        // once the second hold is over (the first, expired record must not be forgotten).
+        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let t0 = Instant::now();
+        let mut v = [Verdict::NotZeroed];
+        d.report(t0, &[range(0, 512)], &mut v).unwrap();
+        d.report(t0 + Duration::from_secs(5), &[range(512, 512)], &mut v)
+            .unwrap();
+        let first = t0 + Duration::from_secs(10);
+        d.settle(first, &[range(0, 1024)], &mut v).unwrap();
+        assert_eq!(v, [Verdict::NotZeroed], "the second half is still held");
+        d.end_settle(first);
+        assert_eq!(
+            d.stats().held_bytes,
+            4 << 20,
+            "the whole block is still held"
+        );
+        let second = t0 + Duration::from_secs(15);
+        assert_eq!(d.hold_expiry(), Some(second));
+        d.settle(second, &[range(0, 1024)], &mut v).unwrap();
+        assert_eq!(v, [Verdict::Zeroed]);
+        assert_eq!(d.stats().discarded_bytes, 4 << 20);
+        d.end_settle(second);
         assert_eq!((d.stats().held_bytes, d.hold_expiry()), (0, None));
     }
 

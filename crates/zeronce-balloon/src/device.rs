@@ -16,6 +16,7 @@ use crate::metrics::BalloonMetrics;
 use crate::queues::inflate::{self, PartialPages};
 use crate::queues::stats::{self, GuestStats};
 use crate::queues::{collect_chain, reporting, Desc};
+use crate::spec::limits::MAX_HELD_PFNS;
 use crate::spec::PFN_PAGE_SIZE;
 
 /// Device options chosen by the VMM.
@@ -58,9 +59,10 @@ pub struct QueueReport {
 
 #[derive(Clone, Debug)]
 enum Work {
+    /// Planned at completion (4 bytes per PFN while held, not a plan's ~90; and the
+    /// partial host pages advance when the discard really happens).
     Inflate {
-        plan: Vec<PlannedDiscard>,
-        n_pfns: usize,
+        pfns: Vec<inflate::Pfn4k>,
         bitmap: Option<GuestAddress>,
     },
     Report {
@@ -97,6 +99,8 @@ pub struct BalloonDevice<D, I> {
     metrics: Arc<BalloonMetrics>,
     partial: PartialPages,
     held: Vec<Held>,
+    /// PFNs of the held inflate requests (bounded by [`MAX_HELD_PFNS`]).
+    held_pfns: usize,
     stats: GuestStats,
     stats_head: Option<u16>,
 }
@@ -113,6 +117,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             metrics: Arc::default(),
             partial: PartialPages::default(),
             held: Vec::new(),
+            held_pfns: 0,
             stats: GuestStats::default(),
             stats_head: None,
         }
@@ -190,6 +195,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     pub fn reset(&mut self) {
         self.state = State::Reset;
         self.held.clear();
+        self.held_pfns = 0;
         self.partial.clear();
         self.stats_head = None;
         let target = self.config.num_pages();
@@ -392,12 +398,8 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, kind, descs, neg.inflate_bitmap())?;
                 self.metrics.pages_inflated.add(req.pfns.len() as u64);
-                let (plan, errs) =
-                    inflate::plan(mem, &mut self.discarder, &mut self.partial, &req.pfns);
-                self.metrics.discard_errors.add(errs);
                 Work::Inflate {
-                    plan,
-                    n_pfns: req.pfns.len(),
+                    pfns: req.pfns,
                     bitmap: req.bitmap.map(|b| b.0),
                 }
             }
@@ -426,7 +428,14 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             }
             QueueKind::FreePageHint => return Ok(Some(0)),
         };
-        if let Some(deadline) = hold_deadline(self.options.policy, now) {
+        let pfns = match &work {
+            Work::Inflate { pfns, .. } => pfns.len(),
+            Work::Report { .. } => 0,
+        };
+        let deadline = hold_deadline(self.options.policy, now)
+            .filter(|_| self.held_pfns + pfns <= MAX_HELD_PFNS);
+        if let Some(deadline) = deadline {
+            self.held_pfns += pfns;
             self.held.push(Held {
                 queue_index: index,
                 head,
@@ -480,17 +489,15 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let policy = self.options.policy;
         let allowed = self.options.zero_promises;
         match work {
-            Work::Inflate {
-                plan,
-                n_pfns,
-                bitmap,
-            } => {
+            Work::Inflate { pfns, bitmap } => {
+                let (plan, errs) = inflate::plan(mem, &mut self.discarder, &mut self.partial, pfns);
+                self.metrics.discard_errors.add(errs);
                 let promise = allowed && neg.init_on_inflate(poison);
-                let r = execute(plan, policy, promise, mem, &mut self.discarder);
+                let r = execute(&plan, policy, promise, mem, &mut self.discarder);
                 self.metrics.bytes_discarded.add(r.bytes);
                 self.metrics.discard_errors.add(r.errors);
                 let Some(addr) = bitmap else { return 0 };
-                let bytes = inflate::bitmap_bytes(*n_pfns, &r.zero_bits);
+                let bytes = inflate::bitmap_bytes(pfns.len(), &r.zero_bits);
                 if let Err(e) = mem.write_slice(&bytes, *addr) {
                     tracing::warn!(error = %e, "inflate bitmap write failed");
                     return 0;
@@ -534,6 +541,9 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             .partition(|h| h.deadline <= now);
         self.held = keep;
         for h in &due {
+            if let Work::Inflate { pfns, .. } = &h.work {
+                self.held_pfns -= pfns.len();
+            }
             let len = self.complete(mem, neg, &h.work);
             self.push_used(mem, h.queue_index, &[(h.head, len)])?;
         }

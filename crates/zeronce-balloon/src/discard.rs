@@ -20,8 +20,10 @@
 //! way: the guest cannot reuse reported pages (or deflate inflated ones, spec: "MUST NOT
 //! request deflation … before the device has acknowledged the inflate request") until the
 //! device uses the buffer, and by then the discard has happened and its promise is exact.
-//! The cost is that the guest's reporting / balloon worker waits up to the delay, and at
-//! most a queue's worth of requests can be held.
+//! The cost is that the guest's reporting / balloon worker waits up to the delay. At most
+//! a queue's worth of requests, and at most
+//! [`MAX_HELD_PFNS`](crate::spec::limits::MAX_HELD_PFNS) inflate PFNs in all, are held; an
+//! inflate request beyond that is served at once.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -38,6 +38,9 @@ pub mod limits {
     pub const MAX_CHAIN_DESCRIPTORS: usize = 64;
     /// Most PFNs in one inflate/deflate request (Linux sends ≤ 256).
     pub const MAX_PFNS_PER_REQUEST: usize = 64 * 1024;
+    /// Most PFNs held in all under the held policy (4 bytes each: 4 MiB of host memory,
+    /// 4 GiB of guest memory); an inflate request beyond it is served at once.
+    pub const MAX_HELD_PFNS: usize = 1 << 20;
     /// Largest statistics buffer accepted, in bytes (16 tags × 10 bytes is 160).
     pub const MAX_STATS_BUFFER: u32 = 4096;
     /// Largest single reported block, in bytes (1 GiB: the largest huge page).

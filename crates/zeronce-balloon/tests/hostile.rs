@@ -530,3 +530,43 @@ fn a_held_descriptor_published_again_is_refused() {
         vec![(u32::from(head), 0x1000)]
     );
 }
+
+#[test]
+fn held_inflates_are_bounded_in_total_not_per_head() {
+    // Held policy, a 64-entry queue: one 256 KiB array of 64 Ki PFNs published 20 times.
+    // Each held request used to keep its plan (~90 bytes per scattered PFN): ~6 MiB of
+    // host memory per descriptor head, ~1.5 GiB for a 256-entry queue, from one guest
+    // page of PFNs. Now at most MAX_HELD_PFNS are held in all (4 bytes each); a request
+    // beyond that is served at once, with its honest verdict.
+    use zeronce_balloon::spec::limits::{MAX_HELD_PFNS, MAX_PFNS_PER_REQUEST};
+    let mem = mem_with_hole();
+    let delay = std::time::Duration::from_secs(60);
+    let opts = BalloonOptions {
+        policy: zeronce_balloon::DiscardPolicy::Held { delay },
+        ..BalloonOptions::default()
+    };
+    let mut rig = Rig::new(&mem, opts, RecordingDiscarder::zeroing(), &[], 64);
+    // Every other page of [2 MiB, 4 MiB) of region 0, repeated: nothing merges.
+    let pfns: Vec<u32> = (0..MAX_PFNS_PER_REQUEST as u32)
+        .map(|i| 0x200 + (i % 256) * 2)
+        .collect();
+    let bufs = rig.inflate_bufs(&pfns, None);
+    let n = 20;
+    for _ in 0..n {
+        rig.submit(QueueKind::Inflate, &bufs);
+    }
+    let r = rig.notify(QueueKind::Inflate);
+    let fit = MAX_HELD_PFNS / MAX_PFNS_PER_REQUEST;
+    assert!(fit < n, "the test must exceed the bound");
+    assert_eq!((r.chains, r.malformed, r.held), (n, 0, fit));
+    assert_eq!(rig.dev.held_requests(), fit);
+    let used = rig.used(QueueKind::Inflate);
+    assert_eq!(used.len(), n - fit, "the rest served at once");
+    assert!(used.iter().all(|(_, len)| *len == 0));
+    assert_eq!(rig.calls(), (n - fit) * 256, "and discarded at once");
+    // The held ones complete at their deadline, and the budget is free again.
+    assert_eq!(rig.dev.tick(&mem, rig.now + delay).unwrap(), fit);
+    assert_eq!(rig.used(QueueKind::Inflate).len(), fit);
+    rig.submit(QueueKind::Inflate, &bufs);
+    assert_eq!(rig.notify(QueueKind::Inflate).held, 1);
+}

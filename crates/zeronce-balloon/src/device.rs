@@ -10,7 +10,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use crate::config::ConfigSpace;
 use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder, PlannedDiscard};
 use crate::error::{BalloonError, NotReadyReason};
-use crate::features::{FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
+use crate::features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
 pub use crate::interrupt::InterruptSignal;
 use crate::metrics::BalloonMetrics;
 use crate::queues::inflate::{self, PartialPages};
@@ -29,7 +29,7 @@ pub struct BalloonOptions {
     /// Pre-fault deflated pages (`MADV_POPULATE_WRITE`).
     pub prefault_on_deflate: bool,
     /// Allow zero promises at all; turn off for confidential guests, whose memory the
-    /// host cannot vouch for.
+    /// host cannot vouch for (bits 6 and 7 are then not offered).
     pub zero_promises: bool,
 }
 
@@ -128,9 +128,18 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         crate::spec::VIRTIO_ID_BALLOON
     }
 
-    /// The features offered to the driver.
+    /// The features offered to the driver. Without zero promises (a confidential guest)
+    /// bits 6 and 7 are never offered, whatever [`FeatureOffer`] says: the device could
+    /// never honour them (DESIGN §5).
     pub fn device_features(&self) -> FeatureSet {
-        self.options.offer.features()
+        let offer = self.options.offer.features();
+        if self.options.zero_promises {
+            offer
+        } else {
+            offer
+                .with(Feature::DeviceInitReported, false)
+                .with(Feature::DeviceInitOnInflate, false)
+        }
     }
 
     /// Number of queues the transport should expose before negotiation (the layout of all

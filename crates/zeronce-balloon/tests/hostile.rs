@@ -570,3 +570,27 @@ fn held_inflates_are_bounded_in_total_not_per_head() {
     rig.submit(QueueKind::Inflate, &bufs);
     assert_eq!(rig.notify(QueueKind::Inflate).held, 1);
 }
+
+#[test]
+fn a_confidential_guest_is_not_offered_bits_6_and_7() {
+    // DESIGN §5: a confidential guest must not use bits 6 and 7. With zero promises off
+    // the device used to offer them anyway: a guest acking bit 7 then had to append a
+    // bitmap to every inflate that could never have a bit set.
+    let opts = BalloonOptions {
+        zero_promises: false,
+        ..BalloonOptions::default()
+    };
+    let irq = std::sync::Arc::new(RecordingInterrupt::default());
+    let mut dev = BalloonDevice::new(opts, RecordingDiscarder::default(), irq);
+    let offered = dev.device_features();
+    assert!(!offered.contains(DeviceInitReported) && !offered.contains(DeviceInitOnInflate));
+    assert!(
+        offered.contains(PageReporting),
+        "reporting itself is still offered"
+    );
+    assert!(matches!(
+        dev.ack_features(features(&[PageReporting, DeviceInitOnInflate])),
+        Err(zeronce_balloon::BalloonError::UnofferedFeature { .. })
+    ));
+    assert!(dev.ack_features(features(&[PageReporting])).is_ok());
+}

@@ -2,13 +2,13 @@
 //!
 //! - `VERSION_1` and `PAGE_REPORTING` are required (this driver exists to report).
 //! - `STATS_VQ` when offered and wanted.
-//! - `PAGE_POISON` when offered and the guest poisons free pages; its value is then
-//!   written to `poison_val`.
+//! - `PAGE_POISON` when the guest poisons free pages (required then: the spec forbids
+//!   accepting `PAGE_REPORTING` without it, as the device could replace the poison with
+//!   zeros; Linux drops reporting, this driver fails); its value is written to
+//!   `poison_val`.
 //! - `DEVICE_INIT_REPORTED` (bit 6) when offered and allowed: not for a confidential
 //!   guest (it cannot trust the host's promise) and not with `PAGE_POISON` and a nonzero
-//!   poison value (free pages must read as poison, not zero) — the 000 seed's rule; a
-//!   guest poisoning with a nonzero value refuses bit 6 even if the device cannot be
-//!   told the value.
+//!   poison value (free pages must read as poison, not zero) — the 000 seed's rule.
 //! - Nothing else: this driver neither inflates nor deflates, so `DEVICE_INIT_ON_INFLATE`,
 //!   `MUST_TELL_HOST` and `DEFLATE_ON_OOM` stay off.
 
@@ -61,9 +61,11 @@ pub fn choose_features(
             return Err(MissingFeature(required));
         }
     }
-    let poison = opts
-        .page_poison
-        .filter(|_| offered.contains(Feature::PagePoison));
+    // A poisoning guest must negotiate PAGE_POISON to accept PAGE_REPORTING (spec).
+    if opts.page_poison.is_some() && !offered.contains(Feature::PagePoison) {
+        return Err(MissingFeature(Feature::PagePoison));
+    }
+    let poison = opts.page_poison;
     let zero_allowed = !opts.confidential && opts.page_poison.unwrap_or(0) == 0;
     Ok(FeatureSet::EMPTY
         .with(Feature::Version1, true)
@@ -146,11 +148,25 @@ mod tests {
         };
         let acked = choose_features(all(), &zero_poison).unwrap();
         assert!(acked.contains(PagePoison) && acked.contains(DeviceInitReported));
-        // Poisoning guest, device without PAGE_POISON: the value is never told, and the
-        // guest's poison is not the device's business; bit 6 stays forbidden.
-        let acked = choose_features(all().with(PagePoison, false), &poisoned).unwrap();
-        assert!(!acked.contains(PagePoison));
-        assert!(!acked.contains(DeviceInitReported));
+    }
+
+    #[test]
+    fn a_poisoning_guest_refuses_reporting_without_page_poison() {
+        // Spec: a driver expecting free pages to keep a value MUST NOT accept
+        // PAGE_REPORTING unless it also negotiates PAGE_POISON (without it the device may
+        // discard reported pages, and zeros replace the poison). Linux clears REPORTING
+        // then; this driver exists to report, so negotiation fails. Zero poison
+        // (init_on_free) included, as in Linux.
+        for value in [0xaaaa_aaaa, 0] {
+            let poisoned = DriverOptions {
+                page_poison: Some(value),
+                ..DriverOptions::default()
+            };
+            assert_eq!(
+                choose_features(all().with(PagePoison, false), &poisoned),
+                Err(MissingFeature(PagePoison))
+            );
+        }
     }
 
     #[test]

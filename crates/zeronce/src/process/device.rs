@@ -145,6 +145,16 @@ impl ProcessDevice {
     }
 }
 
+/// Longest hold the clock is asked to represent (`Hold(Duration::MAX)` = never discard).
+const FOREVER: Duration = Duration::from_secs(1000 * 365 * 86_400);
+
+/// When a hold of `hold` starting `now` ends, saturating: `now + hold` panics past what
+/// an `Instant` can represent, which would leave the engine's batch isolated for good.
+fn hold_end(now: Instant, hold: Duration) -> Instant {
+    // If even FOREVER does not fit (it does on Linux), an early end only discards sooner.
+    now.checked_add(hold.min(FOREVER)).unwrap_or(now)
+}
+
 impl ReportingDevice for ProcessDevice {
     fn capacity(&self) -> usize {
         usize::MAX
@@ -162,7 +172,8 @@ impl ReportingDevice for ProcessDevice {
                 HostPolicy::Hold(hold) => {
                     // Nothing discarded yet: reported, not zero, until the hold is over.
                     self.unhold(block);
-                    self.held.insert(block.start.0, (block.pages, now + hold));
+                    self.held
+                        .insert(block.start.0, (block.pages, hold_end(now, hold)));
                     self.stats.held_bytes += block.bytes();
                     Verdict::NotZeroed
                 }
@@ -308,6 +319,22 @@ mod tests {
         assert_eq!(d.stats().discarded_bytes, 4 << 20);
         d.end_settle(second);
         assert_eq!((d.stats().held_bytes, d.hold_expiry()), (0, None));
+    }
+
+    #[test]
+    fn a_hold_too_long_for_the_clock_holds_forever_without_panicking() {
+        // `Hold(Duration::MAX)`, "never discard": the end of the hold is past what an
+        // `Instant` can hold. A panic here would leave the engine's batch isolated (lost).
+        let mut d = device(HostPolicy::Hold(Duration::MAX));
+        let t0 = Instant::now();
+        let mut v = [Verdict::Zeroed];
+        d.report(t0, &[range(0, 512)], &mut v).unwrap();
+        assert_eq!(v, [Verdict::NotZeroed]);
+        let later = t0 + Duration::from_secs(100 * 365 * 86_400);
+        assert!(d.hold_expiry().is_some_and(|t| t > later));
+        d.settle(later, &[range(0, 512)], &mut v).unwrap();
+        d.end_settle(later);
+        assert_eq!((v, d.stats().held_bytes), ([Verdict::NotZeroed], 2 << 20));
     }
 
     #[test]

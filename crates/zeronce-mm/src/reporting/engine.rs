@@ -147,7 +147,8 @@ impl ReportingEngine {
     pub fn arm(&self, hooks: &impl ReportingHooks, now: Instant) {
         let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
         if s.due.is_none() && self.state.phase() == Phase::Requested {
-            s.due = Some(now + self.config.delay);
+            // A delay past what the clock can represent: never (passes only on flush).
+            s.due = now.checked_add(self.config.delay);
             s.allocs_mark = hooks.reportable_allocs();
         }
     }
@@ -188,7 +189,7 @@ impl ReportingEngine {
         if self.state.end_pass() {
             // More to do (new frees or a spent budget): Linux reschedules after the delay.
             let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
-            s.due = Some(now + self.config.delay);
+            s.due = now.checked_add(self.config.delay);
             s.allocs_mark = hooks.reportable_allocs();
         }
         Some(report)

@@ -339,3 +339,23 @@ fn a_reporter_refuses_an_order_it_could_never_report() {
         Some(ReportingConfigError::OrderAboveMax { .. })
     ));
 }
+
+#[test]
+fn a_delay_too_long_for_the_clock_never_runs_and_never_panics() {
+    // `Duration::MAX`: "only report on flush". `now + delay` would panic in the worker.
+    let m = mm(0);
+    let c = ReportingConfig {
+        delay: Duration::MAX,
+        ..cfg(32, BudgetPolicy::Linux)
+    };
+    let mut dev = Scripted::new(Verdict::Zeroed);
+    let e = ReportingEngine::new(c, dev.capacity()).unwrap();
+    let t0 = Instant::now();
+    assert!(e.notify_free(Order::new(4).unwrap()));
+    e.arm(&m, t0);
+    assert_eq!(e.next_wakeup(&dev), None, "nothing to wake up for");
+    assert!(e
+        .run_due(&m, &mut dev, t0 + Duration::from_secs(1 << 40))
+        .is_none());
+    assert_eq!(flush(&e, &m, &mut dev, u64::MAX).stats.pages, 1024);
+}

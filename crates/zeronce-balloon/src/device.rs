@@ -499,7 +499,16 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let allowed = self.options.zero_promises;
         match work {
             Work::Inflate { pfns, bitmap } => {
-                let (plan, errs) = inflate::plan(mem, &mut self.discarder, &mut self.partial, pfns);
+                // Without MUST_TELL_HOST the guest may reuse deflated pages before the
+                // device has seen the deflate, so sub-pages inflated by earlier requests
+                // may be in use again: a host page must be complete within this request.
+                let mut own = PartialPages::default();
+                let partial = if neg.has(Feature::MustTellHost) {
+                    &mut self.partial
+                } else {
+                    &mut own
+                };
+                let (plan, errs) = inflate::plan(mem, &mut self.discarder, partial, pfns);
                 self.metrics.discard_errors.add(errs);
                 let promise = allowed && neg.init_on_inflate(poison);
                 let r = execute(&plan, policy, promise, mem, &mut self.discarder);

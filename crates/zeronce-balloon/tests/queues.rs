@@ -106,6 +106,8 @@ fn inflate_bitmap_leaves_failed_and_lazy_pages_unpromised() {
 
 #[test]
 fn hugetlb_inflate_discards_only_complete_host_pages() {
+    // With MUST_TELL_HOST the guest waits for deflate acks, so sub-pages inflated by
+    // earlier requests are still in the balloon: partial host pages carry over.
     let mem = mem_with_hole();
     let mut d = RecordingDiscarder::zeroing();
     d.backings
@@ -114,7 +116,7 @@ fn hugetlb_inflate_discards_only_complete_host_pages() {
         &mem,
         BalloonOptions::default(),
         d,
-        &[DeviceInitOnInflate],
+        &[DeviceInitOnInflate, MustTellHost],
         16,
     );
     let base = ((8 * MIB) >> 12) as u32;
@@ -139,6 +141,44 @@ fn hugetlb_inflate_discards_only_complete_host_pages() {
         (8 * MIB, 2 * MIB, DiscardOp::PunchHole)
     );
     assert_eq!(rig.dev.partial_host_pages(), 0);
+}
+
+#[test]
+fn without_must_tell_host_a_huge_page_completes_only_within_one_request() {
+    // Without MUST_TELL_HOST a guest may reuse a deflated page before the device has
+    // seen the deflate (spec: "deflation advice is merely a courtesy"). Here sub-page 0
+    // is deflated and reused while its deflate still waits on the deflateq; the inflate
+    // of the last sub-page must not complete the host page from the stale record (that
+    // discarded the whole 2 MiB, the guest's reused data with it).
+    let mem = mem_with_hole();
+    let mut d = RecordingDiscarder::zeroing();
+    d.backings
+        .insert(8 * MIB, Backing::Hugetlb { page_size: 2 << 20 });
+    let mut rig = Rig::new(&mem, BalloonOptions::default(), d, &[], 16);
+    let base = ((8 * MIB) >> 12) as u32;
+    let first: Vec<u32> = (base..base + 511).collect();
+    assert_eq!(
+        rig.roundtrip(QueueKind::Inflate, &rig.inflate_bufs(&first, None)),
+        0
+    );
+    rig.write_pfns(DATA + 0x4_0000, &[base]);
+    rig.submit(QueueKind::Deflate, &[DriverBuf::read(DATA + 0x4_0000, 4)]);
+    rig.fill(8 * MIB, 16, 0x77); // reused before the device saw the deflate
+    let last = rig.inflate_bufs(&[base + 511], None);
+    assert_eq!(rig.roundtrip(QueueKind::Inflate, &last), 0);
+    assert_eq!(rig.calls(), 0, "no host page discarded");
+    assert_eq!(rig.read(8 * MIB, 16), vec![0x77; 16]);
+    rig.notify(QueueKind::Deflate);
+    // A host page inflated whole in one request is discarded.
+    let all: Vec<u32> = (base + 512..base + 1024).collect();
+    assert_eq!(
+        rig.roundtrip(QueueKind::Inflate, &rig.inflate_bufs(&all, None)),
+        0
+    );
+    let c = rig.dev.discarder().calls.clone();
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].gpa.0, c[0].len), (10 * MIB, 2 * MIB));
+    assert_eq!(rig.dev.partial_host_pages(), 0, "nothing carried over");
 }
 
 #[test]

@@ -2,8 +2,11 @@
 //! device-writable bitmap (bit N = Nth PFN now guaranteed zero).
 //!
 //! Host pages larger than 4 KiB (hugetlb) are discarded only when every 4 KiB PFN of
-//! them has been inflated; partial host pages are remembered in [`PartialPages`] until
-//! the rest arrives (or forgotten when a PFN of them is deflated).
+//! them has been inflated. With `MUST_TELL_HOST` partial host pages are remembered in
+//! [`PartialPages`] until the rest arrives (or forgotten when a PFN of them is deflated);
+//! without it a guest may reuse a deflated page before the device has seen the deflate,
+//! so the device only counts the PFNs of one request (the caller passes a fresh
+//! [`PartialPages`]).
 
 use std::collections::{BTreeMap, HashMap};
 

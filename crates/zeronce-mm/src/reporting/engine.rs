@@ -232,7 +232,8 @@ impl ReportingEngine {
                 break;
             }
         }
-        let report = run.report;
+        let report = std::mem::take(&mut run.report);
+        drop(run);
         if kind == PassKind::Settle {
             device.end_settle(now);
         }
@@ -248,7 +249,7 @@ impl ReportingEngine {
 }
 
 /// One pass in progress (Linux: the scatterlist and its offset, carried across free lists).
-struct Pass<'a, H, D> {
+struct Pass<'a, H: ReportingHooks, D: ReportingDevice> {
     hooks: &'a H,
     device: &'a mut D,
     now: Instant,
@@ -257,6 +258,16 @@ struct Pass<'a, H, D> {
     batch: Vec<Block>,
     report: PassReport,
     pages_left: u64,
+}
+
+impl<H: ReportingHooks, D: ReportingDevice> Drop for Pass<'_, H, D> {
+    /// A batch is empty whenever a pass ends normally; blocks still in it mean the device
+    /// panicked while it held them: they go back as after a failed call, never lost.
+    fn drop(&mut self) {
+        for block in self.batch.drain(..) {
+            let _ = self.hooks.put_back(block, PutBack::Failed);
+        }
+    }
 }
 
 /// The pass must stop (device error, or a flush reached its page limit).

@@ -359,3 +359,32 @@ fn a_delay_too_long_for_the_clock_never_runs_and_never_panics() {
         .is_none());
     assert_eq!(flush(&e, &m, &mut dev, u64::MAX).stats.pages, 1024);
 }
+
+#[test]
+fn a_device_that_panics_mid_report_loses_no_block() {
+    struct Panics;
+    impl ReportingDevice for Panics {
+        fn capacity(&self) -> usize {
+            4
+        }
+        fn report(
+            &mut self,
+            _: Instant,
+            _: &[PageRange],
+            _: &mut [Verdict],
+        ) -> Result<(), ReportError> {
+            panic!("device bug");
+        }
+    }
+    let m = mm(0);
+    let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 4).unwrap();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        flush(&e, &m, &mut Panics, u64::MAX)
+    }));
+    assert!(run.is_err());
+    // The batch the device had went back unreported, as after a failed call.
+    let info = m.zone_info(ZoneId(0)).unwrap();
+    assert_eq!((info.isolated_pages, info.free_pages), (0, 1024));
+    assert_eq!(free_pages_in(&m, FreeState::DIRTY), 1024);
+    m.check_invariants().unwrap();
+}

@@ -406,6 +406,13 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let work = match kind {
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, kind, descs, neg.inflate_bitmap())?;
+                let mut avoid = self.ring_ranges();
+                if let Some((addr, _)) = req.bitmap {
+                    avoid.push((addr.0, addr.0 + u64::from(req.bitmap_len())));
+                }
+                for p in &req.pfns {
+                    check_no_overlap(&avoid, kind, p.gpa().0, PFN_PAGE_SIZE)?;
+                }
                 self.metrics.pages_inflated.add(req.pfns.len() as u64);
                 Work::Inflate {
                     pfns: req.pfns,
@@ -419,6 +426,10 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             }
             QueueKind::Reporting => {
                 let r = reporting::plan(mem, &mut self.discarder, descs)?;
+                let rings = self.ring_ranges();
+                for b in &r.blocks {
+                    check_no_overlap(&rings, kind, b.gpa.0, b.len)?;
+                }
                 self.metrics
                     .pages_reported
                     .add(r.blocks.iter().map(|b| b.len / PFN_PAGE_SIZE).sum());
@@ -454,6 +465,26 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             return Ok(None);
         }
         Ok(Some(self.complete(mem, neg, &work)))
+    }
+
+    /// The guest ranges `[start, end)` of every active queue's descriptor table,
+    /// available ring and used ring (split layout), which the device must never discard.
+    fn ring_ranges(&self) -> Vec<(u64, u64)> {
+        let State::Active { queues, .. } = &self.state else {
+            return Vec::new();
+        };
+        queues
+            .iter()
+            .flat_map(|q| {
+                let n = u64::from(q.size());
+                [
+                    (q.desc_table(), 16 * n),
+                    (q.avail_ring(), 6 + 2 * n),
+                    (q.used_ring(), 6 + 8 * n),
+                ]
+            })
+            .map(|(a, l)| (a, a.saturating_add(l)))
+            .collect()
     }
 
     /// Holds stats buffer `head`, returning a previously held one (driver violation).
@@ -590,4 +621,18 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         }
         Ok(())
     }
+}
+
+/// Refuses discarding `[gpa, gpa + len)` when it overlaps one of `avoid` (`[start, end)`).
+fn check_no_overlap(
+    avoid: &[(u64, u64)],
+    queue: QueueKind,
+    gpa: u64,
+    len: u64,
+) -> Result<(), BalloonError> {
+    let end = gpa.saturating_add(len);
+    if avoid.iter().any(|&(s, e)| gpa < e && s < end) {
+        return Err(BalloonError::DiscardOverlap { queue, gpa, len });
+    }
+    Ok(())
 }

@@ -46,11 +46,13 @@ pub enum MalformedKind {
     UnofferedFeature,
     /// A chain head made available again while the device still holds it.
     DescriptorInFlight,
+    /// Memory to discard overlapping a virtqueue's rings or the request's own bitmap.
+    DiscardOverlap,
 }
 
 impl MalformedKind {
     /// Number of kinds (size of the counter array).
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 19;
 
     /// Every kind, in counter order.
     pub const ALL: [MalformedKind; MalformedKind::COUNT] = [
@@ -72,6 +74,7 @@ impl MalformedKind {
         MalformedKind::UnknownQueue,
         MalformedKind::UnofferedFeature,
         MalformedKind::DescriptorInFlight,
+        MalformedKind::DiscardOverlap,
     ];
 
     /// Index of this kind's counter.
@@ -242,6 +245,18 @@ pub enum BalloonError {
         /// The head index.
         head: u16,
     },
+    /// Memory the device would discard overlaps a virtqueue's rings (descriptor table,
+    /// available or used ring) or the inflate request's own bitmap: the device writes
+    /// there after discarding, so the memory would neither stay zero nor stay the rings.
+    #[error("{queue:?}: discarding {gpa:#x}+{len:#x} would hit the rings or the bitmap")]
+    DiscardOverlap {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Guest physical address of the range to discard.
+        gpa: u64,
+        /// Its length.
+        len: u64,
+    },
     /// The virtqueue itself could not be accessed (e.g. its rings left guest memory).
     #[error("virtqueue error: {0}")]
     Queue(String),
@@ -279,6 +294,7 @@ impl BalloonError {
             E::UnknownQueue { .. } => K::UnknownQueue,
             E::UnofferedFeature { .. } => K::UnofferedFeature,
             E::DescriptorInFlight { .. } => K::DescriptorInFlight,
+            E::DiscardOverlap { .. } => K::DiscardOverlap,
             E::Queue(_) | E::QueueCount { .. } => return None,
         })
     }

@@ -594,3 +594,28 @@ fn a_confidential_guest_is_not_offered_bits_6_and_7() {
     ));
     assert!(dev.ack_features(features(&[PageReporting])).is_ok());
 }
+
+#[test]
+fn discards_overlapping_the_rings_or_the_bitmap_are_refused() {
+    // A report of the reporting queue's own ring page: the device discarded it, then
+    // wrote the used element into it, and still answered "this block is now zero" (bit 6).
+    // An inflated PFN on a ring page, or one holding the request's own bitmap, the same.
+    let mem = mem_with_hole();
+    let mut rig = Rig::mock(&mem, &ALL);
+    let k = MalformedKind::DiscardOverlap;
+    let ring = 0x4000 * u64::from(rig.index(QueueKind::Reporting));
+    refused(
+        &mut rig,
+        QueueKind::Reporting,
+        &[DriverBuf::write(ring, 0x1000)],
+        k,
+    );
+    let ring_pfn = ((0x4000 * u64::from(rig.index(QueueKind::Inflate))) >> 12) as u32;
+    let bufs = rig.inflate_bufs(&[0x300, ring_pfn], Some(1));
+    refused(&mut rig, QueueKind::Inflate, &bufs, k);
+    // Bitmap at DATA + 0x8000: inflating its page.
+    let bitmap_pfn = ((DATA + 0x8000) >> 12) as u32;
+    let bufs = rig.inflate_bufs(&[0x300, bitmap_pfn], Some(1));
+    refused(&mut rig, QueueKind::Inflate, &bufs, k);
+    assert_eq!(rig.dev.metrics().malformed_count(k), 3);
+}

@@ -49,6 +49,13 @@ pub enum GuestDiscardError {
         /// Guest physical start of the region.
         start: u64,
     },
+    /// vm-memory did not map the region itself (a raw-pointer region): it only promises
+    /// the memory can be accessed, not that it may be discarded.
+    #[error("region at {start:#x} is not mapped by vm-memory; refusing to discard it")]
+    NotOwned {
+        /// Guest physical start of the region.
+        start: u64,
+    },
     /// The region is on hugetlbfs but its huge page size could not be read.
     #[error("region at {start:#x} is hugetlbfs but its page size is unknown")]
     UnknownHugePageSize {
@@ -141,7 +148,8 @@ fn locate<B: Bitmap>(
 }
 
 /// Discards guest range `[gpa, gpa + len)` with `op`, treating its region as `backing`
-/// (from [`describe_region`]). The range must lie inside one region and respect the
+/// (from [`describe_region`]). Refuses regions vm-memory did not map itself (raw-pointer
+/// regions) and private file mappings. The range must lie inside one region and respect the
 /// backing's page size (checked again by [`discard_raw`]). Whether it reads zero
 /// afterwards is [`DiscardOp::guarantees_zero`]`(backing)`.
 pub fn discard_guest_range<B: Bitmap>(
@@ -152,6 +160,17 @@ pub fn discard_guest_range<B: Bitmap>(
     backing: Backing,
 ) -> Result<(), GuestDiscardError> {
     let (region, offset) = locate(mem, gpa, len)?;
+    let start = region.start_addr().raw_value();
+    // Only a mapping vm-memory made itself is vm-memory's to discard: a raw-pointer
+    // region is some other owner's memory that vm-memory merely accesses.
+    if !region.owned() {
+        return Err(GuestDiscardError::NotOwned { start });
+    }
+    // A private file mapping: DONTNEED reverts to the file, and a punched hole destroys
+    // the file's own data, which the private mapping exists to protect.
+    if region.file_offset().is_some() && region.flags() & MapFlags::SHARED.bits() as i32 == 0 {
+        return Err(GuestDiscardError::PrivateFileMapping { start });
+    }
     let len =
         usize::try_from(len).map_err(|_| GuestDiscardError::CrossesRegion { gpa: gpa.0, len })?;
     let host = region
@@ -164,8 +183,8 @@ pub fn discard_guest_range<B: Bitmap>(
         .file_offset()
         .map(|fo| (fo.file().as_fd(), fo.start() + offset));
     // SAFETY: `host..host + len` lies inside the region's mapping (`locate` checked the
-    // range against the region's length), which vm-memory owns and keeps mapped for as
-    // long as `mem` is borrowed here. vm-memory only ever accesses guest memory through
+    // range against the region's length), which vm-memory made itself (`owned`, checked
+    // above) and keeps mapped for as long as `mem` is borrowed here. vm-memory only ever accesses guest memory through
     // volatile slices and raw pointers, never through Rust references, so the kernel
     // replacing the pages' contents invalidates no reference. `file` is the fd backing
     // this very mapping with the file offset of `host`.
@@ -280,6 +299,72 @@ mod tests {
         let mut buf = [1u8; 0x4000];
         mem.read_slice(&mut buf, GuestAddress(0)).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn regions_vm_memory_does_not_own_or_privately_mapped_files_are_refused() {
+        use vm_memory::mmap::MmapRegionBuilder;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // A region over memory vm-memory did not map (the VMM's own mapping, given as a
+        // raw pointer): vm-memory only promises it can be accessed, not discarded.
+        let len = 2 * PS as usize;
+        // SAFETY: a fresh private mapping of our own, unmapped at the end of the test.
+        let raw = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        // SAFETY: `raw` is a valid mapping of `len` bytes, alive until the end of the test.
+        let region = unsafe { MmapRegionBuilder::<()>::new(len).with_raw_mmap_pointer(raw) }
+            .with_mmap_prot(rw)
+            .build()
+            .unwrap();
+        let mem =
+            GuestMemoryMmap::from_regions(vec![
+                GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
+            ])
+            .unwrap();
+        mem.write_slice(&[0xaa; 16], GuestAddress(0)).unwrap();
+        let anon = Backing::PrivateAnonymous;
+        assert_eq!(
+            discard_guest_range(&mem, GuestAddress(0), PS, DiscardOp::DontNeed, anon),
+            Err(GuestDiscardError::NotOwned { start: 0 })
+        );
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 0xaa);
+        drop(mem);
+        // SAFETY: our mapping; the guest memory over it is dropped.
+        unsafe { rustix::mm::munmap(raw.cast(), len) }.unwrap();
+
+        // A private mapping of a file: punching a hole would destroy the file's data,
+        // which the private mapping exists to protect (e.g. a firmware image).
+        let fd = rustix::fs::memfd_create("vm-private", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let file = File::from(fd);
+        rustix::io::pwrite(&file, &[7u8; 0x2000], 0).unwrap();
+        let region = MmapRegionBuilder::<()>::new(0x2000)
+            .with_file_offset(FileOffset::new(file.try_clone().unwrap(), 0))
+            .with_mmap_prot(rw)
+            .with_mmap_flags(libc::MAP_PRIVATE)
+            .build()
+            .unwrap();
+        let mem =
+            GuestMemoryMmap::from_regions(vec![
+                GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
+            ])
+            .unwrap();
+        for op in [DiscardOp::PunchHole, DiscardOp::Remove, DiscardOp::DontNeed] {
+            assert_eq!(
+                discard_guest_range(&mem, GuestAddress(0), PS, op, Backing::SharedFile),
+                Err(GuestDiscardError::PrivateFileMapping { start: 0 })
+            );
+        }
+        let mut back = [0u8; 0x2000];
+        rustix::io::pread(&file, &mut back, 0).unwrap();
+        assert!(back.iter().all(|&b| b == 7), "the file keeps its data");
     }
 
     #[test]

@@ -301,6 +301,12 @@ mod tests {
         assert!(buf.iter().all(|&b| b == 0));
     }
 
+    /// Guest memory of the one region `builder` maps, at guest address 0.
+    fn at_zero(builder: vm_memory::mmap::MmapRegionBuilder<()>) -> GuestMemoryMmap {
+        let region = GuestRegionMmap::new(builder.build().unwrap(), GuestAddress(0)).unwrap();
+        GuestMemoryMmap::from_regions(vec![region]).unwrap()
+    }
+
     #[test]
     fn regions_vm_memory_does_not_own_or_privately_mapped_files_are_refused() {
         use vm_memory::mmap::MmapRegionBuilder;
@@ -320,15 +326,8 @@ mod tests {
         .unwrap()
         .cast::<u8>();
         // SAFETY: `raw` is a valid mapping of `len` bytes, alive until the end of the test.
-        let region = unsafe { MmapRegionBuilder::<()>::new(len).with_raw_mmap_pointer(raw) }
-            .with_mmap_prot(rw)
-            .build()
-            .unwrap();
-        let mem =
-            GuestMemoryMmap::from_regions(vec![
-                GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
-            ])
-            .unwrap();
+        let builder = unsafe { MmapRegionBuilder::<()>::new(len).with_raw_mmap_pointer(raw) };
+        let mem = at_zero(builder.with_mmap_prot(rw));
         mem.write_slice(&[0xaa; 16], GuestAddress(0)).unwrap();
         let anon = Backing::PrivateAnonymous;
         assert_eq!(
@@ -345,17 +344,12 @@ mod tests {
         let fd = rustix::fs::memfd_create("vm-private", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let file = File::from(fd);
         rustix::io::pwrite(&file, &[7u8; 0x2000], 0).unwrap();
-        let region = MmapRegionBuilder::<()>::new(0x2000)
-            .with_file_offset(FileOffset::new(file.try_clone().unwrap(), 0))
-            .with_mmap_prot(rw)
-            .with_mmap_flags(libc::MAP_PRIVATE)
-            .build()
-            .unwrap();
-        let mem =
-            GuestMemoryMmap::from_regions(vec![
-                GuestRegionMmap::new(region, GuestAddress(0)).unwrap()
-            ])
-            .unwrap();
+        let mem = at_zero(
+            MmapRegionBuilder::<()>::new(0x2000)
+                .with_file_offset(FileOffset::new(file.try_clone().unwrap(), 0))
+                .with_mmap_prot(rw)
+                .with_mmap_flags(libc::MAP_PRIVATE),
+        );
         for op in [DiscardOp::PunchHole, DiscardOp::Remove, DiscardOp::DontNeed] {
             assert_eq!(
                 discard_guest_range(&mem, GuestAddress(0), PS, op, Backing::SharedFile),

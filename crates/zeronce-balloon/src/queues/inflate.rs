@@ -140,7 +140,9 @@ impl PartialPages {
     /// Marks 4 KiB page `gpa` of the host page at `base` (of `page_size` bytes) as
     /// inflated; returns true when the host page is now complete (and forgets it).
     pub fn add(&mut self, base: u64, page_size: u64, gpa: u64) -> bool {
-        let subpages = page_size / PFN_PAGE_SIZE;
+        // Rounded up: a page size that is not a multiple of 4 KiB (a VMM's mistake; the
+        // discard refuses it) must not index past the record.
+        let subpages = page_size.div_ceil(PFN_PAGE_SIZE);
         let end = base.saturating_add(page_size);
         let fits = self.pages.get(&base).is_some_and(|p| p.size == page_size);
         if !fits {
@@ -462,5 +464,8 @@ mod tests {
         }
         p.remove(GB + kb64); // the next page's first sub-page: not ours
         assert!(p.add(GB, kb64, GB + 15 * PFN_PAGE_SIZE));
+        // An odd page size (64 sub-pages and a half) indexes inside its record.
+        let odd = 64 * PFN_PAGE_SIZE + 2048;
+        assert!(!PartialPages::default().add(0, odd, 64 * PFN_PAGE_SIZE));
     }
 }

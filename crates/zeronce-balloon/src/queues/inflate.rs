@@ -374,16 +374,6 @@ mod tests {
         assert_eq!(bitmap_bytes(8, &[7]), vec![0x80]);
     }
 
-    /// Fails the test once `start` is more than `budget` ago (checked inside loops, so
-    /// a quadratic implementation fails fast instead of running for minutes).
-    fn within(start: std::time::Instant, budget_ms: u64, what: &str) {
-        let ms = start.elapsed().as_millis() as u64;
-        assert!(
-            ms <= budget_ms,
-            "{what}: over {budget_ms} ms ({ms} ms so far)"
-        );
-    }
-
     #[test]
     fn inflating_a_gigabyte_host_page_in_order_takes_linear_time() {
         // A guest inflating a 1 GiB hugetlb page PFN by PFN in ascending order (as Linux
@@ -391,14 +381,12 @@ mod tests {
         // steps (minutes of device time per notification).
         const GB: u64 = 1 << 30;
         let mut partial = PartialPages::default();
-        let start = std::time::Instant::now();
+        // (A quadratic implementation runs for minutes here: nextest's slow-timeout in
+        // .config/nextest.toml terminates it, so the regression still fails CI.)
         let n = GB / PFN_PAGE_SIZE;
         for i in 0..n {
             let full = partial.add(0, GB, i * PFN_PAGE_SIZE);
             assert_eq!(full, i == n - 1, "complete only with the last sub-page");
-            if i % 1024 == 0 {
-                within(start, 2000, "in-order inflate of a 1 GiB page");
-            }
         }
         assert!(partial.is_empty());
         // Duplicates do not count twice.
@@ -417,12 +405,8 @@ mod tests {
         for p in 0..PAGES {
             assert!(!partial.add(p * MB2, MB2, p * MB2));
         }
-        let start = std::time::Instant::now();
         for i in 0..MAX_PFNS_PER_REQUEST as u64 {
             partial.remove((i % PAGES) * MB2 + PFN_PAGE_SIZE);
-            if i % 256 == 0 {
-                within(start, 1000, "deflate with 16384 partial pages");
-            }
         }
         assert_eq!(
             partial.len(),

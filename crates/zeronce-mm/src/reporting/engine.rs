@@ -221,6 +221,7 @@ impl ReportingEngine {
             kind,
             cap: self.config.capacity,
             batch: Vec::with_capacity(self.config.capacity),
+            deferred: Vec::new(),
             report: PassReport::default(),
             pages_left: match kind {
                 PassKind::Flush { max_pages } => max_pages,
@@ -256,6 +257,10 @@ struct Pass<'a, H: ReportingHooks, D: ReportingDevice> {
     kind: PassKind,
     cap: usize,
     batch: Vec<Block>,
+    /// Settle pass: blocks the device kept held ("not zero"), put back only once their
+    /// free list has been walked. Put back at once they would land on the list being
+    /// walked and be isolated again and again: the pass would never end.
+    deferred: Vec<Block>,
     report: PassReport,
     pages_left: u64,
 }
@@ -267,6 +272,7 @@ impl<H: ReportingHooks, D: ReportingDevice> Drop for Pass<'_, H, D> {
         for block in self.batch.drain(..) {
             let _ = self.hooks.put_back(block, PutBack::Failed);
         }
+        self.put_back_deferred();
     }
 }
 
@@ -297,15 +303,29 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
         let mut result = Ok(());
         for order in cfg.order.up_to(self.hooks.max_order()) {
             result = self.free_list(cfg, zone, order, wanted, quiet, state);
+            self.put_back_deferred();
             if result.is_err() {
                 break;
             }
         }
         // Linux: report the leftover (partial) batch before leaving the zone.
         if !self.batch.is_empty() {
-            self.flush_batch().and(result)
-        } else {
-            result
+            result = self.flush_batch().and(result);
+            self.put_back_deferred();
+        }
+        result
+    }
+
+    /// Puts back the blocks a settle pass kept aside (reported, not known zero).
+    fn put_back_deferred(&mut self) {
+        for block in std::mem::take(&mut self.deferred) {
+            if let Err(e) = self
+                .hooks
+                .put_back(block, PutBack::Reported(Verdict::NotZeroed))
+            {
+                self.report.stats.put_back_errors += 1;
+                self.report.put_back_error = Some(e);
+            }
         }
     }
 
@@ -387,6 +407,10 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
                 }
                 PutBack::Reported(verdict)
             };
+            if self.kind == PassKind::Settle && how == PutBack::Reported(Verdict::NotZeroed) {
+                self.deferred.push(block);
+                continue;
+            }
             if let Err(e) = self.hooks.put_back(block, how) {
                 self.report.stats.put_back_errors += 1;
                 self.report.put_back_error = Some(e);

@@ -388,3 +388,51 @@ fn a_device_that_panics_mid_report_loses_no_block() {
     assert_eq!(free_pages_in(&m, FreeState::DIRTY), 1024);
     m.check_invariants().unwrap();
 }
+
+#[test]
+fn a_settle_pass_offers_each_held_block_once_and_ends() {
+    // Reported and held (not zero): more blocks than one call carries. A settle pass
+    // where every hold is still running answers "not zero" for all of them; the blocks
+    // put back must not be isolated again in the same pass (it never ended).
+    struct Held {
+        offered: Vec<PageRange>,
+    }
+    impl ReportingDevice for Held {
+        fn capacity(&self) -> usize {
+            4
+        }
+        fn report(
+            &mut self,
+            _: Instant,
+            _: &[PageRange],
+            _: &mut [Verdict],
+        ) -> Result<(), ReportError> {
+            Ok(())
+        }
+        fn settle(
+            &mut self,
+            _: Instant,
+            blocks: &[PageRange],
+            _: &mut [Verdict],
+        ) -> Result<(), ReportError> {
+            self.offered.extend_from_slice(blocks);
+            assert!(self.offered.len() <= 1024, "the settle pass does not end");
+            Ok(())
+        }
+    }
+    let m = mm(0);
+    let mut dev = Held {
+        offered: Vec::new(),
+    };
+    let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 4).unwrap();
+    assert_eq!(flush(&e, &m, &mut dev, u64::MAX).stats.pages, 1024);
+    assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 1024);
+    let r = e.pass(&m, &mut dev, Instant::now(), PassKind::Settle);
+    assert_eq!((r.stats.calls, r.stats.zeroed_pages), (16, 0));
+    let mut offered = dev.offered.clone();
+    offered.sort_by_key(|b| b.start);
+    offered.dedup();
+    assert_eq!(offered.len(), 64, "each of the 64 held blocks offered once");
+    assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 1024);
+    m.check_invariants().unwrap();
+}

@@ -21,7 +21,10 @@
 //! requested one that has any (splitting a bigger known-zero block rather than zeroing a
 //! dirty block of the exact order), else the smallest dirty block; any other request does
 //! the mirror image (dirty first, so known-zero blocks are saved for zero-requests). So a
-//! zero-request goes: zero, dirty, reported zero, reported dirty. Each step is O(1): one
+//! zero-request goes: zero, dirty, reported zero, reported dirty — or, when the host keeps
+//! reported blocks it did not promise zero resident ([`ReportedNotZero::Resident`]: a hold,
+//! `MADV_FREE`), zero, dirty, reported dirty, reported zero: a memset without a fault
+//! beats faulting fresh pages in. Each step is O(1): one
 //! list per (order, state) and a bitmask of non-empty orders per state.
 //!
 //! **Verify mode** ([`MmConfig::verify`]): every skipped zeroing and every claim of zero
@@ -62,7 +65,7 @@ pub use error::{
 };
 pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, ReportNotifier, ReportVerdict,
-    Zeroing,
+    ReportedNotZero, Zeroing,
 };
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
 pub use stats::{FreeCounts, Stats, ZoneInfo};

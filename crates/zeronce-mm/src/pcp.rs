@@ -123,7 +123,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
             let mut zone = lock(slot);
             if zone.take_for_cache(order, batch, &mut self.stash[z][o]) == 0 {
                 // No dirty block in this zone: its known-zero blocks, by the zone policy.
-                let taken = zone.take(order, false);
+                let taken = zone.take(order, crate::zone::Search::DIRTY);
                 drop(zone);
                 if let Some((block, prior)) = taken {
                     return self.mm.prepare(slot, ZoneId(z), block, prior, req);

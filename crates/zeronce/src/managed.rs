@@ -8,7 +8,7 @@ use zeronce_mem::SharedRam;
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
     AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
-    Order, PageRange, Pfn, DEFAULT_MAX_ORDER,
+    Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER,
 };
 
 use crate::held::HeldBytes;
@@ -32,6 +32,9 @@ pub(crate) struct ManagerSettings {
     pub(crate) verify: bool,
     /// Never-touched memory counts as known zero and reported.
     pub(crate) fresh_is_zero: bool,
+    /// What backs reported blocks the host did not promise zero (decided by the host
+    /// policy, not by the caller).
+    pub(crate) reported_not_zero: ReportedNotZero,
 }
 
 impl Default for ManagerSettings {
@@ -41,6 +44,7 @@ impl Default for ManagerSettings {
             max_order: DEFAULT_MAX_ORDER,
             verify: false,
             fresh_is_zero: true,
+            reported_not_zero: ReportedNotZero::Discarded,
         }
     }
 }
@@ -58,6 +62,7 @@ impl ManagerSettings {
         let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), pages)]);
         config.max_order = self.max_order;
         config.verify = self.verify;
+        config.reported_not_zero = self.reported_not_zero;
         config.initial_state = if self.fresh_is_zero {
             FreeState::REPORTED_ZERO
         } else {

@@ -230,3 +230,33 @@ fn the_worker_reports_after_the_delay_without_a_flush() {
     let b = pm.alloc_zeroed(order9()).unwrap();
     assert_eq!(b.allocation().zeroing, Zeroing::Skipped);
 }
+
+#[test]
+fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() {
+    // Held (`Hold`) and `MADV_FREE`d (`Lazy`) blocks are reported but still resident:
+    // taking one back costs a memset and no fault, while fresh (never touched) memory,
+    // though known zero, faults every page in and grows RSS.
+    for policy in [
+        HostPolicy::Hold(Duration::from_secs(3600)),
+        HostPolicy::Lazy,
+    ] {
+        let pm = ProcessMemory::builder()
+            .size(SIZE)
+            .backing(BackingKind::Anonymous { thp: false })
+            .reporting(setup(policy))
+            .build()
+            .unwrap();
+        let mut b = pm.alloc(order9()).unwrap();
+        let used = b.block();
+        b.as_mut_slice().fill(0x77);
+        drop(b);
+        let r = pm.flush(u64::MAX).unwrap();
+        assert!(r.error.is_none() && r.stats.pages > 0, "{policy:?}: {r:?}");
+        let resident = pm.resident_bytes();
+        let again = pm.alloc_zeroed(order9()).unwrap();
+        assert_eq!(again.block(), used, "{policy:?}: took fresh memory instead");
+        assert_eq!(again.allocation().zeroing, Zeroing::Done, "{policy:?}");
+        assert!(again.as_slice().iter().all(|&x| x == 0), "{policy:?}");
+        assert!(pm.resident_bytes() <= resident, "{policy:?}: RSS grew");
+    }
+}

@@ -9,7 +9,7 @@ use crate::types::{
 };
 use crate::zeroing::Zeroer;
 use crate::zone::tags::TagTable;
-use crate::zone::Zone;
+use crate::zone::{Search, Zone};
 use std::sync::atomic::{
     AtomicU64,
     Ordering::{Relaxed, Release},
@@ -44,6 +44,23 @@ pub struct MmConfig {
     /// Pages a per-thread cache list takes from or gives back to its zone at once (Linux
     /// `pcp->batch`). Default 128.
     pub pcp_batch_pages: u64,
+    /// Where the host keeps reported blocks it did not promise zero; decides whether a
+    /// zero-request takes them before or after reported known-zero blocks.
+    pub reported_not_zero: ReportedNotZero,
+}
+
+/// What backs a reported block that is not known zero (see [`MmConfig::reported_not_zero`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReportedNotZero {
+    /// Its backing was discarded without a zero promise (a host without zero hints): the
+    /// first touch faults, and the allocator zeroes it as well, so a zero-request takes
+    /// it last, after reported known-zero blocks (which only fault).
+    #[default]
+    Discarded,
+    /// The host keeps it resident (a hold not over yet, a lazy `MADV_FREE`): taking it
+    /// back costs a memset and no fault, so a zero-request takes it before reported
+    /// known-zero blocks (whose first touch faults every page in and grows RSS).
+    Resident,
 }
 
 impl MmConfig {
@@ -58,6 +75,7 @@ impl MmConfig {
             low_watermark_pages: None,
             pcp_high_pages: 512,
             pcp_batch_pages: 128,
+            reported_not_zero: ReportedNotZero::Discarded,
         }
     }
 
@@ -291,8 +309,9 @@ impl MemoryManager {
                 max: self.config.max_order,
             });
         }
+        let search = Search::of(req.zeroed, self.config.reported_not_zero);
         for (i, slot) in self.zones.iter().enumerate() {
-            let taken = lock(slot).take(order, req.zeroed);
+            let taken = lock(slot).take(order, search);
             if let Some((block, prior)) = taken {
                 return self.prepare(slot, ZoneId(i), block, prior, req);
             }

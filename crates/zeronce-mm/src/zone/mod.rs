@@ -9,30 +9,58 @@ pub(crate) mod free_lists;
 pub(crate) mod tags;
 
 use crate::error::FreeError;
+use crate::manager::ReportedNotZero;
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
 use free_lists::{FreeLists, Link};
 use std::sync::Arc;
 use tags::{Tag, TagTable};
 
-/// Search order of a zero-request, one state at a time (each at the smallest order that
-/// has one): resident blocks before reported ones — the first touch of a reported block
-/// faults it back in (the host zeroes it again), dearer than zeroing resident memory, and
-/// Linux takes reported pages last too — known zero first within each.
-const ZERO_REQUEST: [FreeState; 4] = [
-    FreeState::ZERO,
-    FreeState::DIRTY,
-    FreeState::REPORTED_ZERO,
-    FreeState::REPORTED_DIRTY,
-];
-/// Search order of any other request: resident first, dirty first within each (known-zero
-/// blocks are saved for zero-requests).
-const DIRTY_REQUEST: [FreeState; 4] = [
-    FreeState::DIRTY,
-    FreeState::ZERO,
-    FreeState::REPORTED_DIRTY,
-    FreeState::REPORTED_ZERO,
-];
+/// The order in which a request tries the four free states, one state at a time (each at
+/// the smallest order that has one): resident blocks before reported ones — the first
+/// touch of a discarded block faults it back in (the host zeroes it again), dearer than
+/// zeroing resident memory, and Linux takes reported pages last too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Search([FreeState; 4]);
+
+impl Search {
+    /// A zero-request: known zero first within resident and within reported blocks.
+    /// Reported blocks not known zero come before reported known-zero ones when the host
+    /// keeps them resident (held, `MADV_FREE`): a memset without a fault beats faulting
+    /// fresh pages in.
+    const ZERO: Search = Search([
+        FreeState::ZERO,
+        FreeState::DIRTY,
+        FreeState::REPORTED_ZERO,
+        FreeState::REPORTED_DIRTY,
+    ]);
+    /// [`Search::ZERO`] when reported blocks that are not known zero are still resident.
+    const ZERO_RESIDENT_HELD: Search = Search([
+        FreeState::ZERO,
+        FreeState::DIRTY,
+        FreeState::REPORTED_DIRTY,
+        FreeState::REPORTED_ZERO,
+    ]);
+    /// Any other request: dirty first within each (known-zero blocks are saved for
+    /// zero-requests).
+    pub(crate) const DIRTY: Search = Search([
+        FreeState::DIRTY,
+        FreeState::ZERO,
+        FreeState::REPORTED_DIRTY,
+        FreeState::REPORTED_ZERO,
+    ]);
+
+    /// The search of a request (`zeroed`: a zero-request) given what backs reported blocks
+    /// that are not known zero.
+    pub(crate) fn of(zeroed: bool, reported_not_zero: ReportedNotZero) -> Search {
+        match (zeroed, reported_not_zero) {
+            (false, _) => Search::DIRTY,
+            (true, ReportedNotZero::Discarded) => Search::ZERO,
+            (true, ReportedNotZero::Resident) => Search::ZERO_RESIDENT_HELD,
+        }
+    }
+}
+
 /// States a per-thread cache refill takes (dirty only), resident first.
 const DIRTY_STATES: [FreeState; 2] = [FreeState::DIRTY, FreeState::REPORTED_DIRTY];
 /// States the reporting engine isolates for a report: the unreported ones, dirty first.
@@ -130,17 +158,12 @@ impl Zone {
         Pfn(self.range.start.0 + idx as u64)
     }
 
-    /// Takes a block of `order` off the free lists and marks it allocated. Search policy:
-    /// the states of [`ZERO_REQUEST`] (zero-requests) or [`DIRTY_REQUEST`] one after the
-    /// other, each at the smallest order >= `order` that has one, splitting it if needed:
-    /// resident before reported, and within each the preferred kind first.
-    pub fn take(&mut self, order: Order, zeroed: bool) -> Option<(Block, FreeState)> {
-        let search = if zeroed {
-            &ZERO_REQUEST
-        } else {
-            &DIRTY_REQUEST
-        };
+    /// Takes a block of `order` off the free lists and marks it allocated: the states of
+    /// `search` one after the other, each at the smallest order >= `order` that has one,
+    /// splitting it if needed.
+    pub fn take(&mut self, order: Order, search: Search) -> Option<(Block, FreeState)> {
         let (idx, state) = search
+            .0
             .iter()
             .find_map(|&state| self.pop_split(&[state], order))?;
         self.tags.set(idx, Tag::Allocated { order });

@@ -1,7 +1,7 @@
 //! The random operations and configurations the model test draws.
 
 use proptest::prelude::*;
-use zeronce_mm::FreeState;
+use zeronce_mm::{FreeState, ReportedNotZero};
 
 /// One random step. Selectors (`u16`) pick among what exists at run time, modulo its count.
 #[derive(Clone, Debug)]
@@ -74,12 +74,14 @@ pub fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A random configuration: zones as (gap before, pages), max order, initial state.
+/// A random configuration: zones as (gap before, pages), max order, initial state, what
+/// backs reported blocks not known zero.
 #[derive(Clone, Debug)]
 pub struct Setup {
     pub zones: Vec<(u64, u64)>,
     pub max_order: u8,
     pub initial: FreeState,
+    pub reported_not_zero: ReportedNotZero,
 }
 
 pub fn setup() -> impl Strategy<Value = Setup> {
@@ -87,10 +89,12 @@ pub fn setup() -> impl Strategy<Value = Setup> {
         prop::collection::vec((0u64..9, 1u64..80), 1..=3),
         0u8..=5,
         prop::sample::select(FreeState::ALL.to_vec()),
+        prop::sample::select(vec![ReportedNotZero::Discarded, ReportedNotZero::Resident]),
     )
-        .prop_map(|(zones, max_order, initial)| Setup {
+        .prop_map(|(zones, max_order, initial, reported_not_zero)| Setup {
             zones,
             max_order,
             initial,
+            reported_not_zero,
         })
 }

@@ -97,9 +97,19 @@ impl World {
                             prop_assert_eq!(a.prior.known_zero, c.dirty + c.reported_dirty == 0);
                         } else {
                             // Resident before reported; within each, known zero first for
-                            // zero-requests and dirty first otherwise.
+                            // zero-requests and dirty first otherwise — except that reported
+                            // blocks kept resident come before reported zero ones, which fault.
                             let c = by_state[first];
-                            let order_of_states = if zeroed {
+                            let resident =
+                                self.mm.config().reported_not_zero == ReportedNotZero::Resident;
+                            let order_of_states = if zeroed && resident {
+                                [
+                                    FreeState::ZERO,
+                                    FreeState::DIRTY,
+                                    FreeState::REPORTED_DIRTY,
+                                    FreeState::REPORTED_ZERO,
+                                ]
+                            } else if zeroed {
                                 [
                                     FreeState::ZERO,
                                     FreeState::DIRTY,

@@ -29,6 +29,7 @@ impl World {
         cfg.reporting_order = cfg.max_order;
         cfg.verify = true;
         cfg.initial_state = s.initial;
+        cfg.reported_not_zero = s.reported_not_zero;
         cfg.pcp_batch_pages = 4;
         cfg.pcp_high_pages = 8;
         let mm = Arc::new(MemoryManager::new(cfg, Arc::new(mem.clone())).unwrap());

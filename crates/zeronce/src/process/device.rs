@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use zeronce_mem::{Backing, DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
-use zeronce_mm::{PageRange, PAGE_SIZE};
+use zeronce_mm::{PageRange, ReportedNotZero, PAGE_SIZE};
 
 /// What the host does with reported memory (the three policies the 004 review asked for).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,17 @@ pub enum HostPolicy {
 }
 
 impl HostPolicy {
+    /// What backs the blocks this policy reports without a zero promise: held and
+    /// `MADV_FREE`d blocks are still resident (a zero-request takes them back before
+    /// faulting fresh memory in); with `Immediate` only a host without zero hints answers
+    /// "not zero", after discarding.
+    pub fn reported_not_zero(self) -> ReportedNotZero {
+        match self {
+            HostPolicy::Immediate => ReportedNotZero::Discarded,
+            HostPolicy::Hold(_) | HostPolicy::Lazy => ReportedNotZero::Resident,
+        }
+    }
+
     /// The discard operation this policy uses on `backing`; `None` if it cannot be used.
     pub fn discard_op(self, backing: Backing) -> Option<DiscardOp> {
         match self {

@@ -151,7 +151,11 @@ impl Builder {
         if let Some(setup) = &self.reporting {
             managed::check_reporting_order(setup.config.order, ram.backing().page_size())?;
         }
-        let mm = self.manager.build_manager(
+        let mut manager = self.manager;
+        if let Some(setup) = &self.reporting {
+            manager.reported_not_zero = setup.policy.reported_not_zero();
+        }
+        let mm = manager.build_manager(
             &ram,
             self.size as u64 / PAGE_SIZE,
             self.reporting.map(|s| s.config.order),

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use zeronce_balloon::driver_queue::{DriverBuf, DriverQueue};
+use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue};
 use zeronce_balloon::{
     BalloonDevice, BalloonOptions, Feature, FeatureSet, InterruptSignal, MmapDiscarder, QueueKind,
 };

@@ -33,6 +33,36 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use zeronce_mem::vm::{self, GuestDiscardError};
 use zeronce_mem::{Backing, DiscardOp};
 
+/// Why a [`Discarder`] could not describe or discard a guest range. The device only logs
+/// it and counts it (`discard_errors`): a failed discard never promises zero. A VMM that
+/// implements [`Discarder`] itself builds these without depending on `zeronce-mem`.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscardError {
+    /// The range is not inside one region of guest memory.
+    #[error("guest range {gpa:#x}+{len:#x} is not inside one region of guest memory")]
+    NotInGuestMemory {
+        /// Guest physical start address.
+        gpa: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// The memory backend refused or failed the operation.
+    #[error("discard failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<GuestDiscardError> for DiscardError {
+    fn from(e: GuestDiscardError) -> DiscardError {
+        match e {
+            GuestDiscardError::NotInGuestMemory { gpa, len }
+            | GuestDiscardError::CrossesRegion { gpa, len } => {
+                DiscardError::NotInGuestMemory { gpa, len }
+            }
+            other => DiscardError::Backend(Box::new(other)),
+        }
+    }
+}
+
 /// When and how the device discards memory it is given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DiscardPolicy {
@@ -68,11 +98,7 @@ impl DiscardPolicy {
 /// real guest memory by [`MmapDiscarder`], and by a recording mock for tests.
 pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
     /// The backing of the region starting at `region_start`.
-    fn backing(
-        &mut self,
-        mem: &M,
-        region_start: GuestAddress,
-    ) -> Result<Backing, GuestDiscardError>;
+    fn backing(&mut self, mem: &M, region_start: GuestAddress) -> Result<Backing, DiscardError>;
 
     /// Discards `[gpa, gpa + len)` (inside one region, aligned to `backing`'s page size).
     fn discard(
@@ -82,15 +108,10 @@ pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
         len: u64,
         op: DiscardOp,
         backing: Backing,
-    ) -> Result<(), GuestDiscardError>;
+    ) -> Result<(), DiscardError>;
 
     /// Pre-faults `[gpa, gpa + len)` after a deflate (only called when configured).
-    fn prefault(
-        &mut self,
-        _mem: &M,
-        _gpa: GuestAddress,
-        _len: u64,
-    ) -> Result<(), GuestDiscardError> {
+    fn prefault(&mut self, _mem: &M, _gpa: GuestAddress, _len: u64) -> Result<(), DiscardError> {
         Ok(())
     }
 }
@@ -128,7 +149,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         &mut self,
         mem: &GuestMemoryMmap<B>,
         region_start: GuestAddress,
-    ) -> Result<Backing, GuestDiscardError> {
+    ) -> Result<Backing, DiscardError> {
         if let Some(b) = self.cache.get(&region_start.0) {
             return Ok(*b);
         }
@@ -144,8 +165,8 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         len: u64,
         op: DiscardOp,
         backing: Backing,
-    ) -> Result<(), GuestDiscardError> {
-        vm::discard_guest_range(mem, gpa, len, op, backing)
+    ) -> Result<(), DiscardError> {
+        Ok(vm::discard_guest_range(mem, gpa, len, op, backing)?)
     }
 
     fn prefault(
@@ -153,8 +174,8 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         mem: &GuestMemoryMmap<B>,
         gpa: GuestAddress,
         len: u64,
-    ) -> Result<(), GuestDiscardError> {
-        vm::populate_guest_range(mem, gpa, len)
+    ) -> Result<(), DiscardError> {
+        Ok(vm::populate_guest_range(mem, gpa, len)?)
     }
 }
 

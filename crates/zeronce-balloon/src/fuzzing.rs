@@ -16,8 +16,8 @@ use zeronce_mem::Backing;
 
 use crate::device::{BalloonDevice, BalloonOptions};
 use crate::discard::DiscardPolicy;
-use crate::driver_queue::{DriverBuf, DriverQueue};
 use crate::features::{FeatureOffer, FeatureSet, QueueKind, QueueLayout};
+use crate::guest_ring::{DriverBuf, DriverQueue};
 use crate::mock::{RecordingDiscarder, RecordingInterrupt};
 use crate::spec::limits::MAX_PFNS_PER_REQUEST;
 use crate::spec::PFN_PAGE_SIZE;

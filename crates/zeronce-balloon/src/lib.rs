@@ -27,37 +27,39 @@
 //!
 //! Modules: [`spec`] constants, [`features`] negotiation and queue layout, [`config`]
 //! space, [`device`], [`queues`] parsing per queue, [`discard`] policies and effects,
-//! [`metrics`], [`error`], [`mock`] test doubles.
+//! [`metrics`], [`error`].
 //!
-//! The guest side is here too: [`driver`] is a virtio-balloon driver that reports free
-//! blocks of a [`zeronce_mm`] allocator over a split virtqueue in guest RAM (it implements
-//! [`zeronce_mm::reporting::ReportingDevice`]), and [`inprocess`] runs the device in a
-//! thread of the same process as its transport (VM mode without a VMM).
+//! Cargo features: `guest-ring` adds `guest_ring`, the driver's side of a split
+//! virtqueue (used by the guest driver crate `zeronce-balloon-driver`); `test-utils` adds
+//! `mock` (recording discarder and interrupt), `fuzzing` (the fuzz harness) and the raw
+//! writers a hostile driver needs. A VMM embedding the device needs neither.
+//!
+//! How the device fits in the whole system, and the rules behind its zero promises, are
+//! in the repository's `docs/ARCHITECTURE.md`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod device;
 pub mod discard;
-pub mod driver;
 pub mod error;
 pub mod features;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod fuzzing;
-pub mod inprocess;
+#[cfg(any(test, feature = "guest-ring", feature = "test-utils"))]
+pub mod guest_ring;
 pub mod interrupt;
 pub mod metrics;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
 pub mod queues;
 pub mod spec;
 
 pub use config::ConfigSpace;
 pub use device::{BalloonDevice, BalloonOptions, InterruptSignal, QueueReport};
-pub use discard::{DiscardPolicy, Discarder, MmapDiscarder};
-pub use driver::queue as driver_queue;
-pub use driver::{BalloonDriver, DriverError, DriverOptions, DriverStats, Transport, UsedSignal};
+pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder};
 pub use error::{BalloonError, MalformedKind, NotReadyReason};
 pub use features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
-pub use inprocess::InProcessTransport;
 pub use metrics::{BalloonMetrics, MetricsSnapshot};
 pub use queues::inflate::Pfn4k;
 pub use queues::stats::GuestStats;

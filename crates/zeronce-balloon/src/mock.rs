@@ -4,9 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::discard::DiscardError;
+use crate::{Backing, DiscardOp};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
-use zeronce_mem::vm::GuestDiscardError;
-use zeronce_mem::{Backing, DiscardError, DiscardOp};
 
 use crate::device::InterruptSignal;
 use crate::discard::Discarder;
@@ -55,11 +55,7 @@ impl RecordingDiscarder {
 }
 
 impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
-    fn backing(
-        &mut self,
-        _mem: &M,
-        region_start: GuestAddress,
-    ) -> Result<Backing, GuestDiscardError> {
+    fn backing(&mut self, _mem: &M, region_start: GuestAddress) -> Result<Backing, DiscardError> {
         Ok(self
             .backings
             .get(&region_start.0)
@@ -74,7 +70,7 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
         len: u64,
         op: DiscardOp,
         backing: Backing,
-    ) -> Result<(), GuestDiscardError> {
+    ) -> Result<(), DiscardError> {
         self.calls.push(DiscardCall {
             gpa,
             len,
@@ -82,10 +78,9 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
             backing,
         });
         if self.fail_at.contains(&gpa.0) {
-            return Err(GuestDiscardError::Discard(DiscardError::Os {
-                op,
-                errno: rustix::io::Errno::IO,
-            }));
+            return Err(DiscardError::Backend(Box::new(std::io::Error::other(
+                format!("{op} failed (injected)"),
+            ))));
         }
         // The device must never hand a discarder a range outside guest RAM.
         assert!(
@@ -104,14 +99,14 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
             while done < len {
                 let n = (len - done).min(zeros.len() as u64);
                 mem.write_slice(&zeros[..n as usize], GuestAddress(gpa.0 + done))
-                    .map_err(|_| GuestDiscardError::NotInGuestMemory { gpa: gpa.0, len })?;
+                    .map_err(|_| DiscardError::NotInGuestMemory { gpa: gpa.0, len })?;
                 done += n;
             }
         }
         Ok(())
     }
 
-    fn prefault(&mut self, _mem: &M, gpa: GuestAddress, len: u64) -> Result<(), GuestDiscardError> {
+    fn prefault(&mut self, _mem: &M, gpa: GuestAddress, len: u64) -> Result<(), DiscardError> {
         self.prefaults.push((gpa, len));
         Ok(())
     }

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use vm_memory::{Bytes, GuestAddress};
-use zeronce_balloon::driver_queue::{DriverBuf, DESC_F_NEXT};
+use zeronce_balloon::guest_ring::{DriverBuf, DESC_F_NEXT};
 use zeronce_balloon::mock::{RecordingDiscarder, RecordingInterrupt};
 use zeronce_balloon::spec::config_layout;
 use zeronce_balloon::{
@@ -441,7 +441,7 @@ fn notifications_before_the_driver_is_ready() {
     );
     let dq: Vec<_> = (0..2)
         .map(|i| {
-            zeronce_balloon::driver_queue::DriverQueue::new(&mem, GuestAddress(0x4000 * i), 16)
+            zeronce_balloon::guest_ring::DriverQueue::new(&mem, GuestAddress(0x4000 * i), 16)
                 .unwrap()
         })
         .collect();

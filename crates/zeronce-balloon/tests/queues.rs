@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use vm_memory::{Bytes, GuestAddress};
-use zeronce_balloon::driver_queue::DriverBuf;
+use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::mock::RecordingDiscarder;
 use zeronce_balloon::spec::config_layout;
 use zeronce_balloon::{

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use common::*;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
-use zeronce_balloon::driver_queue::DriverBuf;
+use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MmapDiscarder, QueueKind};
 use zeronce_mem::resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss};
 use Feature::*;
@@ -200,16 +200,15 @@ fn lazy_policy_on_anonymous_memory_never_promises() {
 }
 
 #[test]
-fn hugetlb_memfd_report_frees_huge_pages_when_the_host_has_them() {
+#[ignore = "needs reserved 2 MiB huge pages; .ci/run reserves them and runs it"]
+fn hugetlb_memfd_report_frees_huge_pages() {
     let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let huge = 2 * MIB as usize;
-    match HugetlbPoolCounters::read(huge) {
-        Ok(p) if p.available() >= 2 => {}
-        other => {
-            eprintln!("hugetlb: skipped, no free 2 MiB huge pages ({other:?})");
-            return;
-        }
-    }
+    let pool = HugetlbPoolCounters::read(huge);
+    assert!(
+        matches!(&pool, Ok(p) if p.available() >= 2),
+        "needs 2 free 2 MiB huge pages (echo 64 > /proc/sys/vm/nr_hugepages): {pool:?}"
+    );
     let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::HUGETLB;
     let file = File::from(rustix::fs::memfd_create("balloon-huge", flags).unwrap());
     file.set_len(4 * MIB).unwrap();

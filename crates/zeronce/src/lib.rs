@@ -21,6 +21,7 @@ pub use process::{
 };
 pub use vm::{VmBuilder, VmDriver, VmError, VmMemory, VmStats};
 pub use zeronce_balloon;
+pub use zeronce_balloon_driver;
 pub use zeronce_mem;
 pub use zeronce_mm;
 pub use zeronce_mm::reporting::{BudgetPolicy, ReportingConfig};

@@ -28,9 +28,11 @@ use std::sync::Arc;
 use vm_memory::mmap::FromRangesError;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::{
-    BalloonDevice, BalloonDriver, BalloonMetrics, BalloonOptions, DiscardPolicy, DriverError,
-    DriverOptions, DriverStats, FeatureOffer, FeatureSet, InProcessTransport, MetricsSnapshot,
-    MmapDiscarder, StatTag, UsedSignal,
+    BalloonDevice, BalloonMetrics, BalloonOptions, DiscardPolicy, FeatureOffer, FeatureSet,
+    MetricsSnapshot, MmapDiscarder, StatTag,
+};
+use zeronce_balloon_driver::{
+    BalloonDriver, DriverError, DriverOptions, DriverStats, InProcessTransport, UsedSignal,
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};

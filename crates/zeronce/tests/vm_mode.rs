@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use zeronce::zeronce_balloon::{DiscardPolicy, DriverOptions};
+use zeronce::zeronce_balloon::DiscardPolicy;
+use zeronce::zeronce_balloon_driver::DriverOptions;
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
@@ -257,18 +258,15 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
 }
 
 #[test]
+#[ignore = "needs reserved 2 MiB huge pages; .ci/run reserves them and runs it"]
 fn hugetlb_guest_ram_reports_whole_huge_pages() {
-    let vm = match builder()
+    let vm = builder()
         .backing(BackingKind::Hugetlb(HugePageSize::Size2M))
         // Not verify mode: its reads would fault the huge pages right back in.
         .build()
-    {
-        Ok(vm) => vm,
-        Err(e) => {
-            println!("skipped: no 2 MiB huge pages here ({e})");
-            return;
-        }
-    };
+        .unwrap_or_else(|e| {
+            panic!("2 MiB hugetlb guest RAM (echo 64 > /proc/sys/vm/nr_hugepages): {e}")
+        });
     assert_eq!(vm.ring_area().1, 2 << 20, "the ring area is one huge page");
     let f = write_free_flush(&vm);
     assert!(f.flushed < f.freed, "huge pages left the memfd");

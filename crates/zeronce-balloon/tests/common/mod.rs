@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use zeronce_balloon::driver_queue::{DriverBuf, DriverQueue};
+use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue};
 use zeronce_balloon::mock::{RecordingDiscarder, RecordingInterrupt};
 use zeronce_balloon::{
     BalloonDevice, BalloonOptions, Discarder, Feature, FeatureSet, QueueKind, QueueReport,

@@ -65,7 +65,9 @@ pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
     // SAFETY: forwarded contract; `edges` returns a 16-byte-aligned body inside the range.
     let (mut p, body) = unsafe { edges(ptr, len, 64) };
     let end = p.wrapping_add(body);
-    let z = _mm_setzero_si128();
+    // SAFETY: SSE2 is part of the x86-64 baseline, so the intrinsic's target feature is
+    // always present.
+    let z = unsafe { _mm_setzero_si128() };
     while p < end {
         // SAFETY: `p` is 64-byte aligned and `p + 64 <= end`, inside the caller's range;
         // SSE2 is part of the x86-64 baseline.
@@ -80,7 +82,8 @@ pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
     }
     // Non-temporal stores are weakly ordered: fence so later normal stores (and other
     // threads that synchronise with us) see the zeroes first.
-    _mm_sfence();
+    // SAFETY: SSE is part of the x86-64 baseline.
+    unsafe { _mm_sfence() };
 }
 
 /// Non-temporal 32-byte stores (`vmovntdq`) + `sfence`.

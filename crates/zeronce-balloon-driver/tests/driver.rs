@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use zeronce_balloon::driver::{QueueAddrs, Transport, TransportError};
-use zeronce_balloon::{
-    BalloonDriver, DriverOptions, Feature, FeatureOffer, FeatureSet, InterruptSignal, UsedSignal,
-};
+use zeronce_balloon::{Feature, FeatureOffer, FeatureSet, InterruptSignal};
+use zeronce_balloon_driver::{BalloonDriver, DriverOptions, UsedSignal};
+use zeronce_balloon_driver::{QueueAddrs, Transport, TransportError};
 use zeronce_mm::reporting::{Reporter, ReportingConfig};
 use zeronce_mm::{FreeState, MemoryManager, MmConfig, NoopZeroer, PageRange, Pfn};
 

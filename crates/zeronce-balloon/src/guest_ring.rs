@@ -1,7 +1,9 @@
 //! The driver side of one split virtqueue in guest memory: what a guest driver writes
 //! (descriptor table, available ring) and reads (used ring). The guest balloon driver
-//! ([`crate::driver::BalloonDriver`]), the tests, the fuzz harness and the example all
-//! talk to the device through it, over real rings in guest memory.
+//! (crate `zeronce-balloon-driver`), the tests, the fuzz harness and the example all
+//! talk to the device through it, over real rings in guest memory. Compiled with the
+//! `guest-ring` feature; the raw writers a hostile driver needs (any descriptor, any
+//! head, any available index) only with `test-utils`.
 //!
 //! Descriptors are allocated round-robin, so at most `size` descriptors may be in flight.
 
@@ -141,7 +143,20 @@ impl DriverQueue {
     }
 
     /// Writes descriptor `index` verbatim (for hostile chains: loops, bad `next`).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn write_desc<M: GuestMemory>(
+        &self,
+        mem: &M,
+        index: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) -> Result<(), GuestMemoryError> {
+        self.write_raw_desc(mem, index, addr, len, flags, next)
+    }
+
+    fn write_raw_desc<M: GuestMemory>(
         &self,
         mem: &M,
         index: u16,
@@ -171,15 +186,20 @@ impl DriverQueue {
             let last = i + 1 == bufs.len();
             let flags =
                 if b.writable { DESC_F_WRITE } else { 0 } | if last { 0 } else { DESC_F_NEXT };
-            self.write_desc(mem, index, b.addr, b.len, flags, (index + 1) % self.size)?;
+            self.write_raw_desc(mem, index, b.addr, b.len, flags, (index + 1) % self.size)?;
         }
         self.next_desc = (self.next_desc + bufs.len().max(1) as u16) % self.size;
-        self.publish(mem, head)?;
+        self.publish_head(mem, head)?;
         Ok(head)
     }
 
-    /// Makes the chain at `head` available (advancing the available index).
+    /// Makes `head` available (advancing the available index), whatever it holds.
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn publish<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<(), GuestMemoryError> {
+        self.publish_head(mem, head)
+    }
+
+    fn publish_head<M: GuestMemory>(&mut self, mem: &M, head: u16) -> Result<(), GuestMemoryError> {
         let slot = GuestAddress(self.avail.0 + 4 + 2 * u64::from(self.avail_idx % self.size));
         mem.write_obj(head.to_le(), slot)?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -193,6 +213,7 @@ impl DriverQueue {
     }
 
     /// Sets the raw available index (hostile drivers claim more entries than exist).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn set_avail_idx<M: GuestMemory>(
         &mut self,
         mem: &M,

@@ -1,7 +1,12 @@
-//! The guest side of virtio-balloon free page reporting: a driver that negotiates
-//! features as Linux does ([`negotiate`]), lays out its split virtqueues in guest RAM
-//! ([`queue`]), and implements [`zeronce_mm::reporting::ReportingDevice`] over the
-//! reporting queue, through a [`Transport`].
+//! zeronce-balloon-driver: the guest side of virtio-balloon free page reporting. A
+//! driver that negotiates features as Linux does ([`negotiate`]), lays out its split
+//! virtqueues in guest RAM ([`zeronce_balloon::guest_ring`]), and implements
+//! [`zeronce_mm::reporting::ReportingDevice`] over the reporting queue, through a
+//! [`Transport`]; [`inprocess`] runs a `zeronce_balloon::BalloonDevice` in a thread of the
+//! same process as that transport (VM mode without a VMM).
+//!
+//! The architecture (crates, state rules, the device's zero promises) is described in
+//! the repository's `docs/ARCHITECTURE.md`.
 //!
 //! One report call puts one device-writable descriptor per block (no indirect
 //! descriptors) on the reporting queue, kicks the device and waits for the used ring
@@ -16,8 +21,11 @@
 //! footprint rounded up to 4 KiB), then the statistics buffer; see
 //! [`BalloonDriver::ring_area_bytes`]. The caller keeps that area away from its allocator.
 
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod inprocess;
 pub mod negotiate;
-pub mod queue;
 pub mod transport;
 
 use std::sync::Arc;
@@ -27,13 +35,14 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
 use zeronce_mm::{PageRange, PAGE_SIZE};
 
+pub use inprocess::InProcessTransport;
 pub use negotiate::{choose_features, DriverOptions, MissingFeature};
-pub use queue::{DriverBuf, DriverQueue, QueueAddrs};
 pub use transport::{Transport, TransportError, UsedSignal};
+pub use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue, QueueAddrs};
 
-use crate::features::{Feature, FeatureSet, QueueKind, QueueLayout};
-use crate::spec::config_layout::POISON_VAL;
-use crate::spec::{StatTag, STAT_ENTRY_SIZE, STAT_TAG_COUNT};
+use zeronce_balloon::features::{Feature, FeatureSet, QueueKind, QueueLayout};
+use zeronce_balloon::spec::config_layout::POISON_VAL;
+use zeronce_balloon::spec::{StatTag, STAT_ENTRY_SIZE, STAT_TAG_COUNT};
 
 /// Most queues this driver negotiates: inflateq, deflateq, statsq, reporting_vq.
 const MAX_QUEUES: u64 = 4;

@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use vm_memory::GuestMemoryMmap;
 
-use crate::device::{BalloonDevice, InterruptSignal};
-use crate::discard::Discarder;
-use crate::driver::{QueueAddrs, Transport, TransportError};
-use crate::error::BalloonError;
-use crate::features::FeatureSet;
-use crate::metrics::BalloonMetrics;
+use crate::{QueueAddrs, Transport, TransportError};
+use zeronce_balloon::device::{BalloonDevice, InterruptSignal};
+use zeronce_balloon::discard::Discarder;
+use zeronce_balloon::error::BalloonError;
+use zeronce_balloon::features::FeatureSet;
+use zeronce_balloon::metrics::BalloonMetrics;
 
 type Reply<T> = Sender<T>;
 

@@ -8,7 +8,7 @@
 //!   `poison_val`.
 //! - `DEVICE_INIT_REPORTED` (bit 6) when offered and allowed: not for a confidential
 //!   guest (it cannot trust the host's promise) and not with `PAGE_POISON` and a nonzero
-//!   poison value (free pages must read as poison, not zero) — the 000 seed's rule.
+//!   poison value (free pages must read as poison, not zero) — the "skip redundant zeroing" series' rule.
 //! - Nothing else: this driver neither inflates nor deflates, so `DEVICE_INIT_ON_INFLATE`,
 //!   `MUST_TELL_HOST` and `DEFLATE_ON_OOM` stay off.
 

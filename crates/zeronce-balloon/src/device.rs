@@ -130,7 +130,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
 
     /// The features offered to the driver. Without zero promises (a confidential guest)
     /// bits 6 and 7 are never offered, whatever [`FeatureOffer`] says: the device could
-    /// never honour them (DESIGN §5).
+    /// never honour them (docs/ARCHITECTURE.md §5).
     pub fn device_features(&self) -> FeatureSet {
         let offer = self.options.offer.features();
         if self.options.zero_promises {

@@ -198,7 +198,7 @@ impl Negotiated {
 
     /// Whether the device may promise zero at all: not when `PAGE_POISON` is negotiated
     /// with a nonzero `poison_val` (the guest expects poison, not zeros, in free pages;
-    /// the 000 seed's driver clears bits 6 and 7 in that case).
+    /// the "skip redundant zeroing" series' driver clears bits 6 and 7 in that case).
     pub fn poison_forbids_zero(self, poison_val: u32) -> bool {
         self.has(Feature::PagePoison) && poison_val != 0
     }

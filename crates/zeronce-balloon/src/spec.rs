@@ -1,4 +1,4 @@
-//! Constants from the virtio specification's balloon section (plus the 000 seed's bits
+//! Constants from the virtio specification's balloon section (plus the "skip redundant zeroing" series' bits
 //! 6 and 7) and the limits this device enforces on guest input.
 
 /// virtio device ID of the traditional memory balloon.

@@ -573,7 +573,7 @@ fn held_inflates_are_bounded_in_total_not_per_head() {
 
 #[test]
 fn a_confidential_guest_is_not_offered_bits_6_and_7() {
-    // DESIGN §5: a confidential guest must not use bits 6 and 7. With zero promises off
+    // docs/ARCHITECTURE.md §5: a confidential guest must not use bits 6 and 7. With zero promises off
     // the device used to offer them anyway: a guest acking bit 7 then had to append a
     // bitmap to every inflate that could never have a bit set.
     let opts = BalloonOptions {

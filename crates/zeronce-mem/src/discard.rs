@@ -1,5 +1,5 @@
 //! Discard operations: giving a range of memory back to the kernel, and what each one
-//! guarantees about the contents afterwards, per kind of backing (DESIGN §5).
+//! guarantees about the contents afterwards, per kind of backing (docs/ARCHITECTURE.md §5).
 //!
 //! | op | private anonymous | shared file (memfd, shmem) | hugetlb memfd |
 //! |---|---|---|---|

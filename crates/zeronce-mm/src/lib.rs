@@ -2,7 +2,7 @@
 //!
 //! A [`MemoryManager`] is a set of buddy zones (Linux `mm/page_alloc.c`) over a range of
 //! 4 KiB page frames whose free blocks carry two facts, [`FreeState::known_zero`] and
-//! [`FreeState::reported`], kept truthful through every operation (DESIGN §3):
+//! [`FreeState::reported`], kept truthful through every operation (docs/ARCHITECTURE.md §3):
 //!
 //! | event | effect |
 //! |---|---|

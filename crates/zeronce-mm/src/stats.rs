@@ -74,7 +74,7 @@ pub struct ZoneInfo {
     /// pcp pages per CPU the same way; exact once the caches are drained).
     pub cached_pages: u64,
     /// Low watermark in pages: the reporting engine should skip the zone while
-    /// `free_pages < low_watermark + one batch` (DESIGN §4).
+    /// `free_pages < low_watermark + one batch` (docs/ARCHITECTURE.md §4).
     pub low_watermark: u64,
     /// Number of free *blocks* per order, per state (Linux `nr_free`, split by state).
     pub nr_free: [FreeCounts; NR_ORDERS],

@@ -193,8 +193,8 @@ impl fmt::Display for Block {
 
 /// What the manager knows about the contents and backing of a free block.
 ///
-/// Two independent facts, both tracked through split and merge (DESIGN §3); no other flag
-/// shares their storage (the 000 seed had to defend PG_zeroed against PG_private aliasing).
+/// Two independent facts, both tracked through split and merge (docs/ARCHITECTURE.md §3); no other flag
+/// shares their storage (the "skip redundant zeroing" series had to defend PG_zeroed against PG_private aliasing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FreeState {
     /// Every byte of the block is known to read zero.

@@ -1,6 +1,6 @@
 //! Property tests of the reporting engine on the real manager: a fake device answers
 //! zero / not zero / error at random and allocates while it holds a batch; after every step
-//! the DESIGN §3 invariants hold, nothing is lost or handed out twice, and every block
+//! the docs/ARCHITECTURE.md §3 invariants hold, nothing is lost or handed out twice, and every block
 //! handed out as zero reads zero (verify mode on, over fake memory that tracks contents).
 
 mod common;

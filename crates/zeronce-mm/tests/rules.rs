@@ -1,4 +1,4 @@
-//! One test per state rule of DESIGN §3 and per error kind.
+//! One test per state rule of docs/ARCHITECTURE.md §3 and per error kind.
 
 mod common;
 

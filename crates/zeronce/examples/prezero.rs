@@ -1,4 +1,4 @@
-//! Background pre-zeroing as in the 003 seed's pseudocode: a worker thread at low
+//! Background pre-zeroing as in the hugetlb pre-zeroing series' pseudocode: a worker thread at low
 //! priority waits on the pool's eventfd and zeroes whatever became zeroable; the main
 //! thread frees dirty pages and later allocates zeroed ones without zeroing them.
 //!

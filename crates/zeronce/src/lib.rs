@@ -1,5 +1,5 @@
 //! zeronce as a library: free page reporting with host-zeroed hints for the memory of the
-//! running process ("process mode", DESIGN §1). Build a [`ProcessMemory`] in a few lines,
+//! running process ("process mode", docs/ARCHITECTURE.md §1). Build a [`ProcessMemory`] in a few lines,
 //! allocate blocks (zeroed only when not known zero), free them, and RSS follows the
 //! working set. The building blocks are re-exported: [`zeronce_mm`] (pure allocator and
 //! reporting engine) and [`zeronce_mem`] (real memory).

@@ -1,4 +1,4 @@
-//! VM mode (DESIGN §1): the guest allocator reports through a virtio-balloon *driver*
+//! VM mode (docs/ARCHITECTURE.md §1): the guest allocator reports through a virtio-balloon *driver*
 //! over split virtqueues that live in guest RAM; the *device* (`zeronce_balloon`'s
 //! [`BalloonDevice`]) runs in a thread of this process and punches holes in the guest
 //! RAM's memfd, then says with `used_len` which blocks now read zero.
@@ -104,7 +104,7 @@ impl VmBuilder {
     }
 
     /// Whether the device offers `DEVICE_INIT_REPORTED` (bit 6; default on). Off: a host
-    /// without the 000 seed, every reported block comes back not known zero.
+    /// without host-zeroed hints, every reported block comes back not known zero.
     pub fn zero_hints(mut self, on: bool) -> Self {
         self.offer.device_init_reported = on;
         self

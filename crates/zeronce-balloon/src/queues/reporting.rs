@@ -1,5 +1,5 @@
 //! reporting_vq: each device-writable buffer of a chain is one free block to discard.
-//! The spec (and the 000 seed) send one buffer per block; upstream Linux without bit 6
+//! The spec (and the "skip redundant zeroing" series) send one buffer per block; upstream Linux without bit 6
 //! chains up to 32 blocks, so chains of several writable buffers are accepted too. With
 //! bit 6 the chain's `used_len` is its total length only if every block now reads zero.
 

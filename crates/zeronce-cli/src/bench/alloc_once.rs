@@ -1,4 +1,4 @@
-//! `zeronce bench alloc-once`: the 000 seed's test in process mode. A 2 GiB arena (THP);
+//! `zeronce bench alloc-once`: the "skip redundant zeroing" series' test in process mode. A 2 GiB arena (THP);
 //! write 256 MiB, free it, flush (reported and discarded); then allocate 256 MiB *zeroed*
 //! as 2 MiB blocks and (a) only allocate, (b) allocate and touch one byte per 4 KiB.
 //!
@@ -6,7 +6,7 @@
 //! `optimized` (hints used: known-zero blocks are not zeroed), `resident` (reporting off:
 //! memory never left, the allocator zeroes it). Modes are interleaved per run and every
 //! timed step starts the same `--gap-ms` after its memory was freed, so cold-versus-warm
-//! memory (DESIGN §7) is equal across modes; the output states it. Thread CPU time (the
+//! memory (docs/ARCHITECTURE.md §7) is equal across modes; the output states it. Thread CPU time (the
 //! seed's task-clock) and wall time of the allocation step only.
 
 use super::stats::{time_it, Summary};

@@ -1,4 +1,4 @@
-//! `zeronce bench churn`: the 004 seed's page_fault1 (THP) / page_fault2 tests in spirit.
+//! `zeronce bench churn`: the free page reporting series' page_fault1 (THP) / page_fault2 tests in spirit.
 //! 1 and 2 threads repeatedly allocate a *zeroed* block (page faults hand out zeroed pages
 //! too), touch every 4 KiB page, and free it, at order 0 and order 9, for a fixed time;
 //! reporting disabled, enabled with the Linux budget, and enabled with the adaptive budget

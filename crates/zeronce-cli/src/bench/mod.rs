@@ -29,13 +29,13 @@ pub enum Which {
     Zero(zero::ZeroArgs),
     /// alloc+free pairs per second, orders 0/3/9, 1 and 2 threads, vs buddy_system_allocator.
     Alloc(alloc::AllocArgs),
-    /// The 000 seed's alloc-once test in process mode: 256 MiB zeroed after free + report.
+    /// The "skip redundant zeroing" series' alloc-once test in process mode: 256 MiB zeroed after free + report.
     AllocOnce(alloc_once::AllocOnceArgs),
-    /// The 004 seed's page_fault1/2 in spirit: alloc/touch/free throughput, reporting off/on.
+    /// The free page reporting series' page_fault1/2 in spirit: alloc/touch/free throughput, reporting off/on.
     Churn(churn::ChurnArgs),
     /// RSS after freeing 4 GiB: Linux budget vs adaptive budget.
     RssFollow(rss_follow::RssFollowArgs),
-    /// The 003 seed: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
+    /// The hugetlb pre-zeroing series: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
     Prezero(prezero::PrezeroArgs),
 }
 

@@ -1,4 +1,4 @@
-//! `zeronce bench prezero`: the 003 seed's scenario scaled to this machine. A pool of
+//! `zeronce bench prezero`: the hugetlb pre-zeroing series' scenario scaled to this machine. A pool of
 //! 512 × 2 MiB pages (1 GiB) is written and freed (all dirty); then every page is
 //! allocated *zeroed* and touched once per 4 KiB, like a VM faulting its RAM in:
 //!
@@ -40,7 +40,7 @@ pub struct PrezeroArgs {
 
 /// The seed's figures: 64 × 1 GiB hugetlb pages faulted in ~16 s without pre-zeroing,
 /// "negligible" with.
-const SEED: &str = "003 seed (Skylake, 64 x 1 GiB hugetlb): ~16 s (~250 ms/page) without pre-zeroing, negligible with";
+const SEED: &str = "hugetlb pre-zeroing series (Skylake, 64 x 1 GiB hugetlb): ~16 s (~250 ms/page) without pre-zeroing, negligible with";
 
 const MODES: [&str; 3] = ["inline", "prezeroed", "kernel_fault"];
 const INLINE: usize = 0;

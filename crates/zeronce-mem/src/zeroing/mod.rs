@@ -4,7 +4,7 @@
 //! caller is about to use them. Large ranges (a freshly freed 2 MiB huge page, a 256 MiB
 //! buffer) are best zeroed with stores that bypass the cache (non-temporal stores,
 //! AMD `clzero`): no read-for-ownership, no eviction of the caller's working set
-//! (DESIGN §7: ~35 GB/s against ~10 GB/s for `rep stosb` on 2 MiB pages). The hinted
+//! (docs/ARCHITECTURE.md §7: ~35 GB/s against ~10 GB/s for `rep stosb` on 2 MiB pages). The hinted
 //! variant zeroes the page the caller will touch first last, with a cache-allocating
 //! kernel, so it is hot when the caller gets it.
 

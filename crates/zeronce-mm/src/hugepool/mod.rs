@@ -1,5 +1,5 @@
-//! The huge-page pool and its pre-zeroing bookkeeping (DESIGN §6; the 003 seed's
-//! `zeroable_hugepages`, the 000 seed's `HPG_zeroed`). Pure state: no syscalls, no
+//! The huge-page pool and its pre-zeroing bookkeeping (docs/ARCHITECTURE.md §6; the hugetlb pre-zeroing series'
+//! `zeroable_hugepages`, the "skip redundant zeroing" series' `HPG_zeroed`). Pure state: no syscalls, no
 //! zeroing — it says *which* page to zero and *whether*; the effect layer does it.
 //!
 //! A [`HugePool`] holds pages of one order (9 = 2 MiB, 18 = 1 GiB) per node, either carved

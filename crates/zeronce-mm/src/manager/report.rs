@@ -100,7 +100,7 @@ impl MemoryManager {
         out
     }
 
-    /// Returns an isolated block with the host's verdict (DESIGN §3): `Zeroed` → reported +
+    /// Returns an isolated block with the host's verdict (docs/ARCHITECTURE.md §3): `Zeroed` → reported +
     /// known zero; `NotZeroed` → reported, known_zero unchanged; `Error` → the state it was
     /// isolated in (unreported for blocks from `isolate_unreported`). Then merges with free buddies (∧ rule). In verify mode a `Zeroed`
     /// verdict is checked; if false the block is put back reported and *not* known zero and

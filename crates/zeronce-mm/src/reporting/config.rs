@@ -1,4 +1,4 @@
-//! Configuration of the reporting engine: Linux defaults (DESIGN §4), all overridable.
+//! Configuration of the reporting engine: Linux defaults (docs/ARCHITECTURE.md §4), all overridable.
 
 use crate::types::{Order, DEFAULT_REPORTING_ORDER};
 use std::time::Duration;

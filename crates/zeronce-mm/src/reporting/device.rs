@@ -112,7 +112,7 @@ pub trait ReportingHooks {
     /// Takes up to `max` free blocks of exactly `order` in state `wanted` off the free
     /// lists of `zone` (isolated: not allocatable, not mergeable) and appends them to `out`.
     fn isolate(&self, zone: ZoneId, order: Order, wanted: Wanted, max: usize, out: &mut Vec<Block>);
-    /// Puts an isolated block back, merging with free buddies (DESIGN §3).
+    /// Puts an isolated block back, merging with free buddies (docs/ARCHITECTURE.md §3).
     fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError>;
     /// Monotonic count of allocations that took a block of reportable order or larger off
     /// the free lists (the adaptive budget's churn signal).

@@ -1,5 +1,5 @@
 //! The reporting engine: passes over the free lists, modelled on Linux
-//! `mm/page_reporting.c` (v16.1 with its rotation and budget patches) plus the 000 seed's
+//! `mm/page_reporting.c` (v16.1 with its rotation and budget patches) plus the "skip redundant zeroing" series'
 //! flush. Pure logic: time is a parameter, the device and allocator are traits.
 
 use super::config::{ReportingConfig, ReportingConfigError};

@@ -1,8 +1,8 @@
-//! Free page reporting (DESIGN §4): after a delay, free blocks of reportable order are
+//! Free page reporting (docs/ARCHITECTURE.md §4): after a delay, free blocks of reportable order are
 //! isolated in batches, handed to a [`ReportingDevice`] (the host), and put back reported —
-//! known zero where the device guarantees it (the 000 seed's host-zeroed hints).
+//! known zero where the device guarantees it (the host-zeroed hints of the "skip redundant zeroing" series).
 //!
-//! Model: Linux `mm/page_reporting.c` (004 seed, with its rotation and budget patches).
+//! Model: Linux `mm/page_reporting.c` (with its rotation and budget patches).
 //! - [`ReportingEngine`]: pure state machine IDLE → REQUESTED → ACTIVE plus the pass logic;
 //!   time is a parameter, so it is tested without sleeping.
 //! - [`Reporter`]: the std driver, one worker thread with a condvar (no busy loop).

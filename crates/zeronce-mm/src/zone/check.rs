@@ -11,7 +11,7 @@ impl Zone {
     /// page in exactly one allocated, free or isolated block); page counters match;
     /// every free head is on exactly the list of its (order, state) and every list entry is
     /// such a head, with consistent back links and lengths; no two free buddies of equal
-    /// order are left unmerged (merging is eager and ignores state, DESIGN §3).
+    /// order are left unmerged (merging is eager and ignores state, docs/ARCHITECTURE.md §3).
     pub fn check(&self) -> Result<(), InvariantViolation> {
         let fail = |what: String| {
             Err(InvariantViolation {

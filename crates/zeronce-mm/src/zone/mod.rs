@@ -362,7 +362,7 @@ impl Zone {
                 break;
             }
             self.lists.remove(&mut self.links, bidx, b_order, b_state);
-            // DESIGN §3: known_zero = a ∧ b, reported = a ∧ b.
+            // docs/ARCHITECTURE.md §3: known_zero = a ∧ b, reported = a ∧ b.
             state = state.merge(b_state);
             // The upper buddy's head frame becomes a tail of the merged block.
             let upper = pfn.max(buddy);

@@ -1,4 +1,4 @@
-//! Huge-page pool with user-controlled pre-zeroing (DESIGN §6, the 003 seed) over real
+//! Huge-page pool with user-controlled pre-zeroing (docs/ARCHITECTURE.md §6, the hugetlb pre-zeroing series) over real
 //! memory of this process.
 //!
 //! A [`HugePagePool`] maps its pages in one [`GuestRam`] — anonymous THP, a memfd, or a

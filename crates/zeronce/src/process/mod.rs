@@ -1,5 +1,5 @@
 //! Process mode: a [`MemoryManager`] over a [`GuestRam`] of this process, with free page
-//! reporting to the Linux kernel as the host (DESIGN §1). Freed memory leaves the process
+//! reporting to the Linux kernel as the host (docs/ARCHITECTURE.md §1). Freed memory leaves the process
 //! (RSS follows the working set) and comes back known zero, so it is never zeroed twice.
 //!
 //! ```no_run
@@ -76,7 +76,7 @@ pub struct ReportingSetup {
     pub config: ReportingConfig,
     /// What the "host" does with reported blocks.
     pub policy: HostPolicy,
-    /// Use the host's zero guarantee (the 000 seed); `false` = a host without zero hints,
+    /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a host without zero hints,
     /// every reported block comes back "not known zero" (the seeds' baseline).
     pub zero_hints: bool,
 }

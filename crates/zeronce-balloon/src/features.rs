@@ -26,10 +26,14 @@ pub enum Feature {
     /// `VIRTIO_BALLOON_F_PAGE_REPORTING`: a free page reporting queue exists.
     PageReporting = 5,
     /// `VIRTIO_BALLOON_F_DEVICE_INIT_REPORTED`: reporting `used_len` = buffer length means
-    /// the block now reads zero.
+    /// the block now reads zero. **Not in the virtio standard**: bit 6 comes from the 2026
+    /// "skip redundant zeroing" proposal (Linux's uapi header stops at bit 5, and other
+    /// out-of-tree patches use bit 6 for other things), so it is offered only when the
+    /// VMM asks for it ([`FeatureOffer::with_zero_hints`]).
     DeviceInitReported = 6,
     /// `VIRTIO_BALLOON_F_DEVICE_INIT_ON_INFLATE`: inflate requests carry a bitmap of
-    /// pages the device zeroed.
+    /// pages the device zeroed. Not in the virtio standard either (same proposal as
+    /// [`Feature::DeviceInitReported`]); offered only on request.
     DeviceInitOnInflate = 7,
     /// `VIRTIO_F_VERSION_1`: modern (non-legacy) device.
     Version1 = 32,
@@ -124,7 +128,12 @@ impl fmt::Debug for FeatureSet {
     }
 }
 
-/// Which features the device offers; each one can be switched off by the VMM.
+/// Which features the device offers; each one can be switched by the VMM.
+///
+/// The default offers the standard features this device implements. The two zero-hint
+/// bits (6 and 7) are a 2026 proposal, not part of the virtio standard, and another
+/// out-of-tree use of bit 6 exists: a VMM offers them knowingly, with
+/// [`FeatureOffer::with_zero_hints`], to guests it knows speak that proposal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FeatureOffer {
     /// Offer `VERSION_1` (needed by modern transports).
@@ -146,7 +155,7 @@ pub struct FeatureOffer {
 }
 
 impl Default for FeatureOffer {
-    /// Everything on.
+    /// Every standard feature this device implements; the proposal's bits 6 and 7 off.
     fn default() -> Self {
         FeatureOffer {
             version_1: true,
@@ -155,13 +164,23 @@ impl Default for FeatureOffer {
             deflate_on_oom: true,
             page_poison: true,
             page_reporting: true,
-            device_init_reported: true,
-            device_init_on_inflate: true,
+            device_init_reported: false,
+            device_init_on_inflate: false,
         }
     }
 }
 
 impl FeatureOffer {
+    /// This offer plus the zero-hint bits 6 (`DEVICE_INIT_REPORTED`) and 7
+    /// (`DEVICE_INIT_ON_INFLATE`) of the 2026 "skip redundant zeroing" proposal.
+    pub fn with_zero_hints(self) -> FeatureOffer {
+        FeatureOffer {
+            device_init_reported: true,
+            device_init_on_inflate: true,
+            ..self
+        }
+    }
+
     /// The offered bits.
     pub fn features(self) -> FeatureSet {
         FeatureSet::EMPTY

@@ -1,5 +1,11 @@
-//! Constants from the virtio specification's balloon section (plus the "skip redundant zeroing" series' bits
-//! 6 and 7) and the limits this device enforces on guest input.
+//! Constants from the virtio specification's balloon section, and the limits this device
+//! enforces on guest input.
+//!
+//! Feature bits 6 (`DEVICE_INIT_REPORTED`) and 7 (`DEVICE_INIT_ON_INFLATE`) are not in the
+//! virtio standard: they come from the 2026 "skip redundant zeroing" proposal (Linux's
+//! `uapi/linux/virtio_balloon.h` stops at bit 5, and other out-of-tree patches use bit 6
+//! for other things). The device offers them only when the VMM turns them on
+//! ([`crate::FeatureOffer::with_zero_hints`]).
 
 /// virtio device ID of the traditional memory balloon.
 pub const VIRTIO_ID_BALLOON: u32 = 5;

@@ -2,6 +2,9 @@
 //!
 //! All of zeronce's `unsafe` code lives in this crate; every `unsafe` block carries a
 //! `// SAFETY:` comment saying why it is sound.
+//!
+//! Where this crate sits among the others, and the zero guarantee of each discard op per
+//! backing: `docs/ARCHITECTURE.md` (§2, §5) in the repository.
 #![warn(missing_docs)]
 
 pub mod discard;

@@ -1,5 +1,9 @@
 //! zeronce-mm: the guest memory manager core (pure logic, no syscalls).
 //!
+//! The whole system, and the words used here (known zero, reported, hold, settle,
+//! budget...), are described in the repository's `docs/ARCHITECTURE.md` and
+//! `docs/GLOSSARY.md`.
+//!
 //! A [`MemoryManager`] is a set of buddy zones (Linux `mm/page_alloc.c`) over a range of
 //! 4 KiB page frames whose free blocks carry two facts, [`FreeState::known_zero`] and
 //! [`FreeState::reported`], kept truthful through every operation (docs/ARCHITECTURE.md §3):

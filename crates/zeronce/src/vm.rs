@@ -264,7 +264,8 @@ impl VmMemory {
             size: 1 << 30,
             backing: BackingKind::Memfd,
             reporting: ReportingConfig::default(),
-            offer: FeatureOffer::default(),
+            // Both sides are ours: the device offers the zero-hint proposal knowingly.
+            offer: FeatureOffer::default().with_zero_hints(),
             policy: DiscardPolicy::Immediate,
             driver: DriverOptions::default(),
             manager: ManagerSettings::default(),

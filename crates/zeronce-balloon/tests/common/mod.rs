@@ -63,6 +63,11 @@ impl<'m, D: Discarder<GuestMemoryMmap>> Rig<'m, D> {
         qsize: u16,
     ) -> Self {
         let irq = Arc::new(RecordingInterrupt::default());
+        // The rig offers the proposal's zero-hint bits whenever the test negotiates them.
+        let mut options = options;
+        if fs.contains(&Feature::DeviceInitReported) || fs.contains(&Feature::DeviceInitOnInflate) {
+            options.offer = options.offer.with_zero_hints();
+        }
         let mut dev = BalloonDevice::new(options, d, Arc::clone(&irq));
         let neg = dev.ack_features(features(fs)).expect("features");
         let queues: Vec<DriverQueue> = (0..neg.layout().len())

@@ -90,7 +90,7 @@ mod tests {
     use Feature::*;
 
     fn all() -> FeatureSet {
-        FeatureOffer::default().features()
+        FeatureOffer::default().with_zero_hints().features()
     }
 
     #[test]

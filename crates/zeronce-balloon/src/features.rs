@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn poison_rule_disables_bits_6_and_7_only_with_nonzero_poison() {
-        let all = FeatureOffer::default().features();
+        let all = FeatureOffer::default().with_zero_hints().features();
         let n = Negotiated::new(all, all);
         assert!(n.init_reported(0) && n.init_on_inflate(0));
         assert!(!n.init_reported(0xaa) && !n.init_on_inflate(0xaa));

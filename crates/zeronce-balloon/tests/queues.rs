@@ -443,11 +443,11 @@ fn virtio_queue_mock_split_queue_drives_the_device_too() {
     use virtio_queue::mock::MockSplitQueue;
     let mem = mem_with_hole();
     let irq = std::sync::Arc::new(zeronce_balloon::mock::RecordingInterrupt::default());
-    let mut dev = zeronce_balloon::BalloonDevice::new(
-        BalloonOptions::default(),
-        RecordingDiscarder::zeroing(),
-        irq,
-    );
+    let options = BalloonOptions {
+        offer: zeronce_balloon::FeatureOffer::default().with_zero_hints(),
+        ..BalloonOptions::default()
+    };
+    let mut dev = zeronce_balloon::BalloonDevice::new(options, RecordingDiscarder::zeroing(), irq);
     dev.ack_features(features(&[PageReporting, DeviceInitReported]))
         .unwrap();
     let mocks: Vec<_> = (0..3)

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use zeronce::{ProcessMemory, ReportingSetup, Order};
-//! use zeronce_mem::BackingKind;
+//! use zeronce::zeronce_mem::BackingKind;
 //! let pm = ProcessMemory::builder()
 //!     .size(1 << 30)
 //!     .backing(BackingKind::Anonymous { thp: true })

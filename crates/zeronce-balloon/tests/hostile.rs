@@ -534,9 +534,9 @@ fn a_held_descriptor_published_again_is_refused() {
 #[test]
 fn held_inflates_are_bounded_in_total_not_per_head() {
     // Held policy, a 64-entry queue: one 256 KiB array of 64 Ki PFNs published 20 times.
-    // Each held request used to keep its plan (~90 bytes per scattered PFN): ~6 MiB of
+    // A held request keeping its plan (~90 bytes per scattered PFN) would cost ~6 MiB of
     // host memory per descriptor head, ~1.5 GiB for a 256-entry queue, from one guest
-    // page of PFNs. Now at most MAX_HELD_PFNS are held in all (4 bytes each); a request
+    // page of PFNs. At most MAX_HELD_PFNS are held in all (4 bytes each); a request
     // beyond that is served at once, with its honest verdict.
     use zeronce_balloon::spec::limits::{MAX_HELD_PFNS, MAX_PFNS_PER_REQUEST};
     let mem = mem_with_hole();
@@ -573,9 +573,9 @@ fn held_inflates_are_bounded_in_total_not_per_head() {
 
 #[test]
 fn a_confidential_guest_is_not_offered_bits_6_and_7() {
-    // docs/ARCHITECTURE.md §5: a confidential guest must not use bits 6 and 7. With zero promises off
-    // the device used to offer them anyway: a guest acking bit 7 then had to append a
-    // bitmap to every inflate that could never have a bit set.
+    // docs/ARCHITECTURE.md §5: a confidential guest must not use bits 6 and 7. Offered
+    // with zero promises off, a guest acking bit 7 would have to append a bitmap to every
+    // inflate that could never have a bit set.
     let opts = BalloonOptions {
         zero_promises: false,
         ..BalloonOptions::default()
@@ -597,9 +597,10 @@ fn a_confidential_guest_is_not_offered_bits_6_and_7() {
 
 #[test]
 fn discards_overlapping_the_rings_or_the_bitmap_are_refused() {
-    // A report of the reporting queue's own ring page: the device discarded it, then
-    // wrote the used element into it, and still answered "this block is now zero" (bit 6).
-    // An inflated PFN on a ring page, or one holding the request's own bitmap, the same.
+    // A report of the reporting queue's own ring page, if discarded, gets the used
+    // element written into it right after, and the answer "this block is now zero"
+    // (bit 6) would be false. An inflated PFN on a ring page, or one holding the
+    // request's own bitmap, the same.
     let mem = mem_with_hole();
     let mut rig = Rig::mock(&mem, &ALL);
     let k = MalformedKind::DiscardOverlap;

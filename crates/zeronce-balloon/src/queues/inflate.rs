@@ -377,12 +377,12 @@ mod tests {
     #[test]
     fn inflating_a_gigabyte_host_page_in_order_takes_linear_time() {
         // A guest inflating a 1 GiB hugetlb page PFN by PFN in ascending order (as Linux
-        // tends to): 262,144 adds. Scanning every sub-page on each add made this ~3.4e10
-        // steps (minutes of device time per notification).
+        // tends to): 262,144 adds. Scanning every sub-page on each add would make this
+        // ~3.4e10 steps (minutes of device time per notification).
         const GB: u64 = 1 << 30;
         let mut partial = PartialPages::default();
         // (A quadratic implementation runs for minutes here: nextest's slow-timeout in
-        // .config/nextest.toml terminates it, so the regression still fails CI.)
+        // .config/nextest.toml terminates it, so such a change fails CI.)
         let n = GB / PFN_PAGE_SIZE;
         for i in 0..n {
             let full = partial.add(0, GB, i * PFN_PAGE_SIZE);

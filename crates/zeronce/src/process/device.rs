@@ -10,7 +10,8 @@ use zeronce_mem::{Backing, DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
 use zeronce_mm::{PageRange, ReportedNotZero, PAGE_SIZE};
 
-/// What the host does with reported memory (the three policies the 004 review asked for).
+/// What the host does with reported memory: discard at once, hold then discard, or free
+/// lazily.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostPolicy {
     /// Discard at once; the block reads zero from now on (`MADV_DONTNEED`, punch hole).

@@ -17,6 +17,11 @@ impl HeldBytes {
             .map(|r| HeldBytes(Some(r)))
     }
 
+    /// Whether the bytes are still held (not released).
+    pub(crate) fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// The bytes (empty once released).
     pub(crate) fn as_slice(&self) -> &[u8] {
         self.0.as_ref().map_or(&[], |r| r.as_slice())
@@ -31,6 +36,13 @@ impl HeldBytes {
     pub(crate) fn touch(&mut self, stride: usize) {
         if let Some(r) = self.0.as_mut() {
             r.touch(stride);
+        }
+    }
+
+    /// Zeroes the held bytes (streaming stores from 1 MiB up).
+    pub(crate) fn zero(&mut self) {
+        if let Some(r) = self.0.as_mut() {
+            r.zero(None);
         }
     }
 

@@ -47,7 +47,7 @@ pub mod vm;
 
 pub use process::{
     Builder, DeviceStats, Error, HostPolicy, PageBlock, ProcessDevice, ProcessMemory, ProcessStats,
-    RamZeroer, ReportingSetup,
+    RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
 pub use vm::{VmBuilder, VmDriver, VmError, VmMemory, VmStats};
 pub use zeronce_balloon;

@@ -12,14 +12,43 @@ use zeronce_mm::{
 };
 
 use crate::held::HeldBytes;
+use crate::process::background::BackgroundZeroer;
+use crate::process::zeromap::{Site, ZeroMap};
 use crate::process::{Error, RamZeroer};
 
 /// A manager over some RAM, with reporting to a device of type `D` (or none).
 pub(crate) struct Core<D: ReportingDevice + 'static> {
-    // Field order is drop order: the reporter (worker thread) stops before the manager.
+    // Field order is drop order: the zeroer and reporter threads stop before the manager.
+    /// The zero-once lifecycle (process mode only).
+    pub(crate) life: Option<Lifecycle>,
     pub(crate) reporter: Option<Reporter<MemoryManager, D>>,
     pub(crate) mm: Arc<MemoryManager>,
     pub(crate) ram: Arc<SharedRam>,
+}
+
+/// What a free and an allocation do besides the manager's work (process mode): chunk
+/// states, the background zeroer, the hardening options.
+pub(crate) struct Lifecycle {
+    /// Background zeroer threads (`None`: none running).
+    pub(crate) zeroer: Option<BackgroundZeroer>,
+    /// Chunk states shared with the zeroers and the device.
+    pub(crate) map: Arc<ZeroMap>,
+    /// Zero every block at free (Linux `init_on_free=1`); it is freed known zero.
+    pub(crate) init_on_free: bool,
+    /// Every allocation is a zero-request (Linux `init_on_alloc=1`): zeroed unless known
+    /// zero.
+    pub(crate) init_on_alloc: bool,
+}
+
+impl Lifecycle {
+    /// A block was freed with `hint`: wakes the zeroer if it left dirty chunks.
+    fn after_free(&self, block: Block, hint: FreeHint) {
+        if let Some(z) = &self.zeroer {
+            if hint == FreeHint::Dirty && block.order >= self.map.chunk_order() {
+                z.freed();
+            }
+        }
+    }
 }
 
 /// The manager settings both builders take (process mode's [`crate::process::Builder`]
@@ -51,13 +80,14 @@ impl Default for ManagerSettings {
 
 impl ManagerSettings {
     /// The manager of `pages` pages from page frame 0 of `ram` (the rest of the RAM is
-    /// not the allocator's), zeroing with [`RamZeroer`]; `reporting_order` when
-    /// reporting is on.
+    /// not the allocator's), zeroing with [`RamZeroer`] (consulting `map` if given);
+    /// `reporting_order` when reporting is on.
     pub(crate) fn build_manager(
         &self,
         ram: &Arc<SharedRam>,
         pages: u64,
         reporting_order: Option<Order>,
+        map: Option<Arc<ZeroMap>>,
     ) -> Result<Arc<MemoryManager>, ConfigError> {
         let mut config = MmConfig::new(vec![PageRange::new(Pfn(0), pages)]);
         config.max_order = self.max_order;
@@ -71,10 +101,12 @@ impl ManagerSettings {
         if let Some(order) = reporting_order {
             config.reporting_order = order;
         }
-        Ok(Arc::new(MemoryManager::new(
-            config,
-            Arc::new(RamZeroer::new(Arc::clone(ram))),
-        )?))
+        let ram = Arc::clone(ram);
+        let zeroer = match map {
+            Some(map) => RamZeroer::with_map(ram, map),
+            None => RamZeroer::new(ram),
+        };
+        Ok(Arc::new(MemoryManager::new(config, Arc::new(zeroer))?))
     }
 }
 
@@ -93,7 +125,12 @@ pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
     device: D,
     config: ReportingConfig,
 ) -> Result<Reporter<MemoryManager, D>, ReportingConfigError> {
-    let reporter = Reporter::start(Arc::clone(mm), device, config)?;
+    let reporter = Reporter::start_with(
+        Arc::clone(mm),
+        device,
+        config,
+        crate::process::mark_internal_thread,
+    )?;
     let notifier = reporter.notifier();
     let order = config.order;
     // Linux page_reporting_notify_free: the manager calls it only for merged unreported
@@ -111,6 +148,7 @@ pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
 pub(crate) trait Home: Send + Sync {
     fn mm(&self) -> &MemoryManager;
     fn ram(&self) -> &Arc<SharedRam>;
+    fn life(&self) -> Option<&Lifecycle>;
 }
 
 impl<D: ReportingDevice + 'static> Home for Core<D> {
@@ -120,15 +158,26 @@ impl<D: ReportingDevice + 'static> Home for Core<D> {
     fn ram(&self) -> &Arc<SharedRam> {
         &self.ram
     }
+    fn life(&self) -> Option<&Lifecycle> {
+        self.life.as_ref()
+    }
 }
 
 /// Allocates a block of `order` from `home` and claims its bytes.
 pub(crate) fn alloc_block(
     home: Arc<dyn Home>,
     order: Order,
-    req: AllocRequest,
+    mut req: AllocRequest,
 ) -> Result<PageBlock, Error> {
+    let life = home.life();
+    if life.is_some_and(|l| l.init_on_alloc) {
+        req.zeroed = true;
+    }
     let alloc = home.mm().alloc(order, req)?;
+    if let Some(l) = life {
+        // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
+        l.map.handed_out(alloc.block);
+    }
     let bytes = match HeldBytes::claim(home.ram(), alloc.block.pfn, alloc.block.order) {
         Ok(b) => b,
         Err(e) => {
@@ -187,13 +236,29 @@ impl PageBlock {
         self.release(FreeHint::KnownZero)
     }
 
-    fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
-        // Our claim must go before the manager (or the verify read) can touch the block.
-        if !self.bytes.release() {
+    fn release(&mut self, mut hint: FreeHint) -> Result<(), Error> {
+        if !self.bytes.is_held() {
             return Ok(());
         }
-        match self.home.mm().free(self.alloc.block, hint) {
-            Ok(()) => Ok(()),
+        let block = self.alloc.block;
+        if let Some(l) = self.home.life() {
+            if l.init_on_free && hint == FreeHint::Dirty {
+                self.bytes.zero();
+                l.map.count_zeroed(Site::AtFree, block.order.bytes());
+                hint = FreeHint::KnownZero;
+            }
+            // While the block is still ours: a zeroer must not see it free before this.
+            l.map.freed(block, hint == FreeHint::KnownZero);
+        }
+        // Our claim must go before the manager (or the verify read) can touch the block.
+        self.bytes.release();
+        match self.home.mm().free(block, hint) {
+            Ok(()) => {
+                if let Some(l) = self.home.life() {
+                    l.after_free(block, hint);
+                }
+                Ok(())
+            }
             Err(e) => {
                 if hint == FreeHint::KnownZero {
                     // Still ours: take the bytes back so drop frees it dirty.

@@ -209,7 +209,7 @@ impl VmBuilder {
         let ram = SharedRam::new(ram);
         let mm = self
             .manager
-            .build_manager(&ram, ring_gpa / PAGE_SIZE, Some(self.reporting.order))
+            .build_manager(&ram, ring_gpa / PAGE_SIZE, Some(self.reporting.order), None)
             .map_err(Error::from)?;
         let reporter = managed::start_reporter(&mm, driver, self.reporting).map_err(Error::from)?;
         tracing::debug!(
@@ -220,6 +220,7 @@ impl VmBuilder {
         );
         Ok(VmMemory {
             inner: Arc::new(Core {
+                life: None,
                 reporter: Some(reporter),
                 mm,
                 ram,

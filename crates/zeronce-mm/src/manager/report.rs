@@ -139,13 +139,24 @@ impl MemoryManager {
     /// inside, allocated and isolated pages are left alone. Returns the pages newly marked.
     /// In verify mode all those blocks are checked first; one failure marks nothing.
     pub fn mark_known_zero(&self, range: PageRange) -> Result<u64, MarkError> {
+        self.mark_known_zero_where(range, |_| true)
+    }
+
+    /// [`MemoryManager::mark_known_zero`] for the blocks `zero` vouches for, asked under
+    /// the zone lock (no block can be allocated or freed between the answer and the mark).
+    pub fn mark_known_zero_where(
+        &self,
+        range: PageRange,
+        zero: impl Fn(Block) -> bool,
+    ) -> Result<u64, MarkError> {
         let slot = self
             .zones
             .iter()
             .find(|z| z.range.contains_range(&range))
             .ok_or(MarkError::NotOwned(range))?;
         let mut zone = lock(slot);
-        let blocks = zone.free_blocks_not_zero_in(range);
+        let mut blocks = zone.free_blocks_not_zero_in(range);
+        blocks.retain(|&(b, _)| zero(b));
         if self.config.verify {
             if let Some(&(bad, _)) = blocks.iter().find(|(b, _)| !self.zeroer.is_zero(b.range())) {
                 self.counters.verify_failures.fetch_add(1, Relaxed);

@@ -90,6 +90,17 @@ where
         device: D,
         config: ReportingConfig,
     ) -> Result<Self, ReportingConfigError> {
+        Self::start_with(hooks, device, config, || {})
+    }
+
+    /// [`Reporter::start`], running `thread_init` first on the worker thread (e.g. to mark
+    /// it as one whose allocations must bypass an allocator built on this manager).
+    pub fn start_with(
+        hooks: Arc<H>,
+        device: D,
+        config: ReportingConfig,
+        thread_init: fn(),
+    ) -> Result<Self, ReportingConfigError> {
         if config.order > hooks.max_order() {
             return Err(ReportingConfigError::OrderAboveMax {
                 order: config.order,
@@ -108,7 +119,10 @@ where
         let (worker, worker_hooks) = (Arc::clone(&shared), Arc::clone(&hooks));
         let thread = std::thread::Builder::new()
             .name("zeronce-report".into())
-            .spawn(move || worker_loop(&worker, &*worker_hooks))
+            .spawn(move || {
+                thread_init();
+                worker_loop(&worker, &*worker_hooks)
+            })
             .expect("spawning the reporting worker thread");
         Ok(Reporter {
             shared,

@@ -10,8 +10,10 @@ use zeronce_mem::{Backing, DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
 use zeronce_mm::{PageRange, ReportedNotZero, PAGE_SIZE};
 
-/// What the host does with reported memory: discard at once, hold then discard, or free
-/// lazily.
+use super::zeromap::ZeroMap;
+
+/// What the host does with reported memory: discard at once, hold then discard, free
+/// lazily, or zero in the background then discard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostPolicy {
     /// Discard at once; the block reads zero from now on (`MADV_DONTNEED`, punch hole).
@@ -24,6 +26,16 @@ pub enum HostPolicy {
     /// `MADV_FREE`: the kernel takes the memory only under pressure and old contents may
     /// survive, so the block is **never** claimed zero. Private anonymous memory only.
     Lazy,
+    /// The zero-once lifecycle: a freed block of reporting order is zeroed off the
+    /// allocation path by the background zeroer with streaming stores (known zero and
+    /// resident: a zero-request takes it with no memset and no fault), and reported
+    /// (discarded, known zero, not resident) once it has stayed free for about `hold` (the
+    /// engine's delay becomes `hold`). The zeroer's threads, priority and rate are the
+    /// builder's [`crate::process::ZeroerConfig`].
+    ZeroThenReport {
+        /// How long a free block stays resident (zeroed) before it is discarded.
+        hold: Duration,
+    },
 }
 
 impl HostPolicy {
@@ -33,7 +45,7 @@ impl HostPolicy {
     /// "not zero", after discarding.
     pub fn reported_not_zero(self) -> ReportedNotZero {
         match self {
-            HostPolicy::Immediate => ReportedNotZero::Discarded,
+            HostPolicy::Immediate | HostPolicy::ZeroThenReport { .. } => ReportedNotZero::Discarded,
             HostPolicy::Hold(_) | HostPolicy::Lazy => ReportedNotZero::Resident,
         }
     }
@@ -41,7 +53,9 @@ impl HostPolicy {
     /// The discard operation this policy uses on `backing`; `None` if it cannot be used.
     pub fn discard_op(self, backing: Backing) -> Option<DiscardOp> {
         match self {
-            HostPolicy::Immediate | HostPolicy::Hold(_) => Some(DiscardOp::best_for(backing)),
+            HostPolicy::Immediate | HostPolicy::Hold(_) | HostPolicy::ZeroThenReport { .. } => {
+                Some(DiscardOp::best_for(backing))
+            }
             HostPolicy::Lazy => DiscardOp::Free
                 .supported_on(backing)
                 .then_some(DiscardOp::Free),
@@ -74,6 +88,8 @@ pub struct ProcessDevice {
     /// Held blocks: first PFN → (pages, end of hold). Never overlapping.
     held: BTreeMap<u64, (u64, Instant)>,
     stats: DeviceStats,
+    /// Chunk states of the background zeroer, whose zeroing a discard waits out.
+    map: Option<Arc<ZeroMap>>,
 }
 
 /// The device was asked for a policy its backing cannot do.
@@ -104,7 +120,13 @@ impl ProcessDevice {
             zero_hints,
             held: BTreeMap::new(),
             stats: DeviceStats::default(),
+            map: None,
         })
+    }
+
+    /// Makes discards wait for the background zeroer to leave the block.
+    pub(crate) fn set_zero_map(&mut self, map: Arc<ZeroMap>) {
+        self.map = Some(map);
     }
 
     /// Counters.
@@ -116,7 +138,11 @@ impl ProcessDevice {
     fn discard(&mut self, block: &PageRange) -> Result<Verdict, ReportError> {
         let offset = (block.start.0 * PAGE_SIZE) as usize;
         let len = block.bytes() as usize;
-        // The block is isolated by the engine: nobody else holds a claim on it.
+        // The block is isolated by the engine: no allocation holds a claim on it, and once
+        // the zeroer is out no zeroer will take it (it checks that the block is free).
+        if let Some(map) = &self.map {
+            map.wait_no_zeroing(*block);
+        }
         let mut range = self.ram.claim(offset, len).map_err(ReportError::new)?;
         match range.discard(self.op) {
             Ok(g) => {
@@ -180,7 +206,9 @@ impl ReportingDevice for ProcessDevice {
     ) -> Result<(), ReportError> {
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             *verdict = match self.policy {
-                HostPolicy::Immediate | HostPolicy::Lazy => self.discard(block)?,
+                HostPolicy::Immediate | HostPolicy::Lazy | HostPolicy::ZeroThenReport { .. } => {
+                    self.discard(block)?
+                }
                 HostPolicy::Hold(hold) => {
                     // Nothing discarded yet: reported, not zero, until the hold is over.
                     self.unhold(block);

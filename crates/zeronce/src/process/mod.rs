@@ -17,11 +17,34 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub(crate) mod background;
 mod device;
 mod zeroer;
+pub(crate) mod zeromap;
 
+pub use background::ZeroerConfig;
 pub use device::{DeviceStats, HostPolicy, PolicyError, ProcessDevice};
 pub use zeroer::RamZeroer;
+pub use zeromap::ZeroingStats;
+
+use std::cell::Cell;
+
+thread_local! {
+    /// Set on zeronce's own threads (reporting worker, background zeroers).
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as one of zeronce's own (see [`is_internal_thread`]).
+pub(crate) fn mark_internal_thread() {
+    INTERNAL.with(|c| c.set(true));
+}
+
+/// Whether the calling thread is one of zeronce's own (reporting worker, background
+/// zeroer): a global allocator built on process mode sends their allocations to its inner
+/// allocator, so they never wait on the locks they may hold.
+pub fn is_internal_thread() -> bool {
+    INTERNAL.try_with(Cell::get).unwrap_or(false)
+}
 
 use std::sync::Arc;
 
@@ -32,7 +55,9 @@ use zeronce_mm::{
 };
 
 pub use crate::managed::PageBlock;
-use crate::managed::{self, Core, ManagerSettings};
+use crate::managed::{self, Core, Lifecycle, ManagerSettings};
+use background::{BackgroundZeroer, Target};
+use zeromap::ZeroMap;
 
 /// Why process memory could not be set up or used.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +92,9 @@ pub enum Error {
     /// A handed-out block's bytes were still claimed (a bug).
     #[error(transparent)]
     Claim(#[from] ClaimError),
+    /// The background zeroer threads could not be started.
+    #[error("starting the background zeroer: {0}")]
+    Thread(#[from] std::io::Error),
 }
 
 /// Free page reporting settings of process mode.
@@ -98,9 +126,34 @@ pub struct Builder {
     backing: BackingKind,
     reporting: Option<ReportingSetup>,
     manager: ManagerSettings,
+    zeroer: Option<ZeroerConfig>,
+    init_on_free: bool,
+    init_on_alloc: bool,
 }
 
 impl Builder {
+    /// Background zeroer threads (default: none, or [`ZeroerConfig::default`] under
+    /// [`HostPolicy::ZeroThenReport`]); `threads: 0` leaves zeroing to
+    /// [`ProcessMemory::prezero`] on the caller's threads.
+    pub fn background_zeroer(mut self, config: ZeroerConfig) -> Self {
+        self.zeroer = Some(config);
+        self
+    }
+
+    /// Zero every block when it is freed, like Linux's `init_on_free=1` (default off); it
+    /// goes back known zero, so the next zero-request does not zero it again.
+    pub fn init_on_free(mut self, on: bool) -> Self {
+        self.init_on_free = on;
+        self
+    }
+
+    /// Make every allocation a zero-request, like Linux's `init_on_alloc=1` (default off):
+    /// zeroed unless known zero.
+    pub fn init_on_alloc(mut self, on: bool) -> Self {
+        self.init_on_alloc = on;
+        self
+    }
+
     /// Bytes of RAM (default 1 GiB); a multiple of the backing's page size.
     pub fn size(mut self, bytes: usize) -> Self {
         self.size = bytes;
@@ -145,30 +198,66 @@ impl Builder {
         self
     }
 
-    /// Maps the RAM, builds the manager and starts reporting.
+    /// Maps the RAM, builds the manager and starts reporting and the background zeroer.
     pub fn build(self) -> Result<ProcessMemory, Error> {
         let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
-        if let Some(setup) = &self.reporting {
+        let pages = self.size as u64 / PAGE_SIZE;
+        let mut reporting = self.reporting;
+        let mut zeroer = self.zeroer;
+        if let Some(setup) = &mut reporting {
             managed::check_reporting_order(setup.config.order, ram.backing().page_size())?;
+            if let HostPolicy::ZeroThenReport { hold } = setup.policy {
+                setup.config.delay = hold;
+                zeroer.get_or_insert_with(ZeroerConfig::default);
+            }
         }
+        let chunk_order = reporting.map_or(zeronce_mm::DEFAULT_REPORTING_ORDER, |s| s.config.order);
+        let map = Arc::new(ZeroMap::new(
+            pages,
+            chunk_order.min(self.manager.max_order),
+            self.manager.fresh_is_zero,
+        ));
         let mut manager = self.manager;
-        if let Some(setup) = &self.reporting {
+        if let Some(setup) = &reporting {
             manager.reported_not_zero = setup.policy.reported_not_zero();
         }
         let mm = manager.build_manager(
             &ram,
-            self.size as u64 / PAGE_SIZE,
-            self.reporting.map(|s| s.config.order),
+            pages,
+            reporting.map(|s| s.config.order),
+            Some(Arc::clone(&map)),
         )?;
-        let reporter = match self.reporting {
+        let reporter = match reporting {
             None => None,
             Some(setup) => {
-                let device = ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
+                let mut device =
+                    ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
+                device.set_zero_map(Arc::clone(&map));
                 Some(managed::start_reporter(&mm, device, setup.config)?)
             }
         };
+        let target = Target {
+            mm: Arc::clone(&mm),
+            ram: Arc::clone(&ram),
+            map: Arc::clone(&map),
+        };
+        let zeroer = match zeroer.filter(|z| z.threads > 0) {
+            Some(config) => Some(BackgroundZeroer::start(target, config)?),
+            None => None,
+        };
+        let life = Lifecycle {
+            zeroer,
+            map,
+            init_on_free: self.init_on_free,
+            init_on_alloc: self.init_on_alloc,
+        };
         Ok(ProcessMemory {
-            inner: Arc::new(Core { reporter, mm, ram }),
+            inner: Arc::new(Core {
+                life: Some(life),
+                reporter,
+                mm,
+                ram,
+            }),
         })
     }
 }
@@ -190,6 +279,8 @@ pub struct ProcessStats {
     pub reporting: Option<ReportingStats>,
     /// The device's counters (`None`: reporting off).
     pub device: Option<DeviceStats>,
+    /// Bytes zeroed where (background, allocation path, at free) and freed.
+    pub zeroing: ZeroingStats,
 }
 
 impl ProcessMemory {
@@ -200,6 +291,9 @@ impl ProcessMemory {
             backing: BackingKind::Anonymous { thp: true },
             reporting: None,
             manager: ManagerSettings::default(),
+            zeroer: None,
+            init_on_free: false,
+            init_on_alloc: false,
         }
     }
 
@@ -236,6 +330,36 @@ impl ProcessMemory {
             mm: self.inner.mm.stats(),
             reporting: r.map(|r| r.stats()),
             device: r.map(|r| r.with_device(|d| d.stats())),
+            zeroing: self.life().map.stats(),
+        }
+    }
+
+    fn life(&self) -> &Lifecycle {
+        // Process mode always builds one.
+        self.inner
+            .life
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("process memory without a lifecycle"))
+    }
+
+    /// Zeroes free dirty chunks of reporting order on the calling thread (streaming
+    /// stores), up to `max_bytes`, until none is left or `cancel` is cancelled (checked
+    /// between 2 MiB chunks); the bytes zeroed. Safe beside allocations and the background
+    /// threads: a chunk is written only while free, and an allocation waits for it.
+    pub fn prezero(&self, max_bytes: u64, cancel: &crate::CancelToken) -> u64 {
+        let target = Target {
+            mm: Arc::clone(&self.inner.mm),
+            ram: Arc::clone(&self.inner.ram),
+            map: Arc::clone(&self.life().map),
+        };
+        target.pass(max_bytes, &|| cancel.is_cancelled(), None)
+    }
+
+    /// Pauses (`false`: the chunk being zeroed is finished first) or resumes the
+    /// background zeroer threads; no effect without them.
+    pub fn set_background_zeroing(&self, on: bool) {
+        if let Some(z) = &self.life().zeroer {
+            z.set_paused(!on);
         }
     }
 

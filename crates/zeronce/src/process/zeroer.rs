@@ -1,38 +1,87 @@
 //! The real [`Zeroer`] of process mode: zeroes and checks pages of a [`SharedRam`] with
-//! zeronce-mem's kernels (verify mode reads the memory).
+//! zeronce-mem's kernels (verify mode reads the memory). With a [`ZeroMap`] it zeroes only
+//! the chunks not known zero there, and counts what it zeroed.
 
 use std::sync::Arc;
 
 use zeronce_mem::SharedRam;
 use zeronce_mm::{PageRange, Pfn, Zeroer, PAGE_SIZE};
 
+use super::zeromap::{Site, ZeroMap};
+
 /// Zeroes blocks of a [`SharedRam`]; page frame `n` is byte offset `n * 4096`.
 #[derive(Debug, Clone)]
 pub struct RamZeroer {
     ram: Arc<SharedRam>,
+    map: Option<Arc<ZeroMap>>,
 }
 
 impl RamZeroer {
     /// A zeroer over `ram`.
     pub fn new(ram: Arc<SharedRam>) -> Self {
-        RamZeroer { ram }
+        RamZeroer { ram, map: None }
+    }
+
+    /// A zeroer over `ram` that consults and updates `map` (process mode).
+    pub(crate) fn with_map(ram: Arc<SharedRam>, map: Arc<ZeroMap>) -> Self {
+        RamZeroer {
+            ram,
+            map: Some(map),
+        }
     }
 
     fn bytes(range: PageRange) -> (usize, usize) {
         ((range.start.0 * PAGE_SIZE) as usize, range.bytes() as usize)
     }
-}
 
-impl Zeroer for RamZeroer {
-    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) {
+    /// Zeroes `range` (which nobody else holds), the page `hint_last` last.
+    fn zero_range(&self, range: PageRange, hint_last: Option<Pfn>) {
         let (offset, len) = Self::bytes(range);
         // The manager zeroes a block it is about to hand out: nobody else can hold it.
         let mut r = self
             .ram
             .claim(offset, len)
             .unwrap_or_else(|e| panic!("zeroing a block someone still holds: {e}"));
-        let hint = hint_last.map(|h| ((h.0 - range.start.0) * PAGE_SIZE) as usize);
+        let hint = hint_last
+            .filter(|h| range.contains(*h))
+            .map(|h| ((h.0 - range.start.0) * PAGE_SIZE) as usize);
         r.zero(hint);
+    }
+}
+
+/// The pages `a` and `b` share (empty if none).
+fn intersect(a: PageRange, b: PageRange) -> PageRange {
+    let start = a.start.max(b.start);
+    let end = a.end().min(b.end());
+    PageRange::new(start, end.0.saturating_sub(start.0))
+}
+
+impl Zeroer for RamZeroer {
+    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) {
+        let Some(map) = &self.map else {
+            return self.zero_range(range, hint_last);
+        };
+        // Chunk by chunk, the hint's chunk last; chunks known zero are skipped.
+        let hinted = hint_last
+            .filter(|h| range.contains(*h))
+            .map(|h| (h.0 >> map.chunk_order().get()) as usize);
+        let chunks = map.chunks_of(range);
+        let order = chunks
+            .clone()
+            .filter(|&i| Some(i) != hinted)
+            .chain(hinted.filter(|i| chunks.contains(i)));
+        for i in order {
+            let part = intersect(range, map.chunk_range(i));
+            if part.pages == 0 {
+                continue;
+            }
+            if map.take_for_zeroing(i) {
+                map.count_skipped(part.bytes());
+            } else {
+                self.zero_range(part, hint_last);
+                map.count_zeroed(Site::AllocPath, part.bytes());
+            }
+        }
     }
 
     fn is_zero(&self, range: PageRange) -> bool {

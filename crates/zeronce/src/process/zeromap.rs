@@ -1,0 +1,228 @@
+//! [`ZeroMap`]: what is known about the contents of each *chunk* (a naturally aligned
+//! 2^`chunk_order`-page piece, the reporting order) of process memory, and the lock the
+//! background zeroer holds while it writes one.
+//!
+//! The manager knows "known zero" per free block, and a merge with a dirty buddy forgets
+//! it (known_zero = a ∧ b). The map remembers it per chunk, so work done on half of a block
+//! is never done again: the allocation path zeroes only the chunks not known zero, and the
+//! background zeroer only the chunks nobody zeroed since they were last handed out.
+//! Blocks smaller than a chunk leave it `Used`: for them only the manager's per-block
+//! state counts, and a merge with a dirty buddy may make a zero-request zero them again.
+//!
+//! Protocol (every transition is one compare-and-swap; `Zeroing` is held by one zeroer at a
+//! time and every other transition waits for it to end, at most one chunk's zeroing):
+//! - handed out (any block overlapping the chunk) → `Used`;
+//! - freed by a block covering it → `Dirty`, or `Zero` when freed known zero;
+//! - the zeroer takes `Dirty` → `Zeroing`, checks under the zone lock that the chunk is
+//!   inside a free, unreported, not-known-zero block, writes it, and sets `Zero` (or puts
+//!   the old state back if the check failed). An allocation that took the block after the
+//!   check waits for `Zeroing` to end before the caller can see a byte.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
+
+use zeronce_mm::{Block, Order, PageRange, Pfn};
+
+/// Some part was handed out since the chunk was last freed whole: contents unknown, and
+/// perhaps in use (the zeroer leaves it alone).
+const USED: u8 = 0;
+/// Freed whole, contents unknown.
+const DIRTY: u8 = 1;
+/// Reads zero (zeroed in the background or at free, freed known zero, or never touched).
+const ZERO: u8 = 2;
+/// A zeroer is writing it.
+const ZEROING: u8 = 3;
+
+/// Counters of the zero-once lifecycle of a [`crate::ProcessMemory`], in bytes. Nothing of
+/// reporting order or above is zeroed twice: every byte zeroed was handed out (or was
+/// dirty at start) and freed since it was last zeroed, so
+/// `background + alloc_path + at_free <= freed + initially dirty`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ZeroingStats {
+    /// Zeroed by the background zeroer (or [`crate::ProcessMemory::prezero`]), off the
+    /// allocation path.
+    pub background: u64,
+    /// Zeroed on the allocation path (a zero-request for memory not known zero).
+    pub alloc_path: u64,
+    /// Zeroed at free (`init_on_free`).
+    pub at_free: u64,
+    /// Zero-requests for blocks the manager thought dirty whose chunks were known zero
+    /// here (merged with a dirty buddy after their zeroing): not zeroed again.
+    pub skipped_by_map: u64,
+    /// Freed by their owners (any hint).
+    pub freed: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    background: AtomicU64,
+    alloc_path: AtomicU64,
+    at_free: AtomicU64,
+    skipped_by_map: AtomicU64,
+    freed: AtomicU64,
+}
+
+/// Chunk states of one RAM (see the module docs).
+pub struct ZeroMap {
+    chunk_order: Order,
+    chunks: Vec<AtomicU8>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ZeroMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZeroMap")
+            .field("chunk_order", &self.chunk_order)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+/// Which counter a zeroing goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Site {
+    Background,
+    AllocPath,
+    AtFree,
+}
+
+impl ZeroMap {
+    /// A map of `pages` pages in chunks of `chunk_order`; `zero`: everything reads zero.
+    pub(crate) fn new(pages: u64, chunk_order: Order, zero: bool) -> ZeroMap {
+        let n = pages.div_ceil(chunk_order.pages()) as usize;
+        let init = if zero { ZERO } else { DIRTY };
+        ZeroMap {
+            chunk_order,
+            chunks: (0..n).map(|_| AtomicU8::new(init)).collect(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The chunk order.
+    pub(crate) fn chunk_order(&self) -> Order {
+        self.chunk_order
+    }
+
+    /// Number of chunks.
+    pub(crate) fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The pages of chunk `i`.
+    pub(crate) fn chunk_range(&self, i: usize) -> PageRange {
+        let pages = self.chunk_order.pages();
+        PageRange::new(Pfn(i as u64 * pages), pages)
+    }
+
+    /// Indices of the chunks overlapping `range`.
+    fn overlapping(&self, range: PageRange) -> std::ops::Range<usize> {
+        let shift = self.chunk_order.get();
+        let first = (range.start.0 >> shift) as usize;
+        let end = (range.end().0.div_ceil(self.chunk_order.pages())) as usize;
+        first.min(self.chunks.len())..end.min(self.chunks.len())
+    }
+
+    /// Waits out a zeroer on chunk `i` and swaps in `new`; the previous state.
+    fn set(&self, i: usize, new: u8) -> u8 {
+        let c = &self.chunks[i];
+        loop {
+            let cur = c.load(Acquire);
+            if cur == ZEROING {
+                std::thread::yield_now();
+                continue;
+            }
+            if c.compare_exchange(cur, new, AcqRel, Acquire).is_ok() {
+                return cur;
+            }
+        }
+    }
+
+    /// A block was handed out: its chunks become `Used` (after any zeroer on them ended).
+    pub(crate) fn handed_out(&self, block: Block) {
+        for i in self.overlapping(block.range()) {
+            self.set(i, USED);
+        }
+    }
+
+    /// Takes chunk `i` for zeroing on the allocation path (its block was just taken from
+    /// the manager): whether it already reads zero. The chunk is `Used` afterwards.
+    pub(crate) fn take_for_zeroing(&self, i: usize) -> bool {
+        self.set(i, USED) == ZERO
+    }
+
+    /// A block is being freed by its owner, `zero` if it reads zero: the chunks it covers
+    /// whole become `Dirty` or `Zero`; chunks shared with other blocks stay `Used`.
+    pub(crate) fn freed(&self, block: Block, zero: bool) {
+        self.counters.freed.fetch_add(block.order.bytes(), Relaxed);
+        if block.order < self.chunk_order {
+            return;
+        }
+        let new = if zero { ZERO } else { DIRTY };
+        for i in self.overlapping(block.range()) {
+            self.set(i, new);
+        }
+    }
+
+    /// Waits until no zeroer writes any chunk of `range` (a discard is about to claim it).
+    pub(crate) fn wait_no_zeroing(&self, range: PageRange) {
+        for i in self.overlapping(range) {
+            while self.chunks[i].load(Acquire) == ZEROING {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Whether chunk `i` is `Dirty` (a candidate for the background zeroer).
+    pub(crate) fn is_dirty(&self, i: usize) -> bool {
+        self.chunks[i].load(Relaxed) == DIRTY
+    }
+
+    /// Locks a `Dirty` chunk for zeroing; `false` if it is not `Dirty` (any more).
+    pub(crate) fn begin_zeroing(&self, i: usize) -> bool {
+        self.chunks[i]
+            .compare_exchange(DIRTY, ZEROING, AcqRel, Relaxed)
+            .is_ok()
+    }
+
+    /// Ends the zeroing of chunk `i`: `done` → `Zero`, else back to `Dirty`.
+    pub(crate) fn end_zeroing(&self, i: usize, done: bool) {
+        self.chunks[i].store(if done { ZERO } else { DIRTY }, Release);
+    }
+
+    /// Whether every chunk of `range` reads zero (`range` covers whole chunks).
+    pub(crate) fn all_zero(&self, range: PageRange) -> bool {
+        self.overlapping(range)
+            .all(|i| self.chunks[i].load(Acquire) == ZERO)
+    }
+
+    /// Counts `bytes` zeroed at `site`.
+    pub(crate) fn count_zeroed(&self, site: Site, bytes: u64) {
+        let c = match site {
+            Site::Background => &self.counters.background,
+            Site::AllocPath => &self.counters.alloc_path,
+            Site::AtFree => &self.counters.at_free,
+        };
+        c.fetch_add(bytes, Relaxed);
+    }
+
+    /// Counts `bytes` a zero-request did not zero because the map knew them zero.
+    pub(crate) fn count_skipped(&self, bytes: u64) {
+        self.counters.skipped_by_map.fetch_add(bytes, Relaxed);
+    }
+
+    /// The counters.
+    pub(crate) fn stats(&self) -> ZeroingStats {
+        let c = &self.counters;
+        ZeroingStats {
+            background: c.background.load(Relaxed),
+            alloc_path: c.alloc_path.load(Relaxed),
+            at_free: c.at_free.load(Relaxed),
+            skipped_by_map: c.skipped_by_map.load(Relaxed),
+            freed: c.freed.load(Relaxed),
+        }
+    }
+
+    /// Indices of the chunks overlapping `range`, for the allocation-path zeroer.
+    pub(crate) fn chunks_of(&self, range: PageRange) -> std::ops::Range<usize> {
+        self.overlapping(range)
+    }
+}

@@ -1,0 +1,213 @@
+//! The zero-once lifecycle on real memory: freed blocks zeroed in the background (known
+//! zero, resident), then reported; `init_on_free` / `init_on_alloc`; never a byte zeroed
+//! twice, never a zeroer writing a block someone holds.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use zeronce::zeronce_mem::BackingKind;
+use zeronce::zeronce_mm::reporting::ReportingConfig;
+use zeronce::zeronce_mm::{FreeState, Zeroing};
+use zeronce::{
+    CancelToken, HostPolicy, Order, ProcessMemory, ReportingSetup, ZeroerConfig, ZeroingStats,
+};
+
+const SIZE: usize = 32 << 20;
+
+fn order(o: u8) -> Order {
+    Order::new(o).unwrap()
+}
+
+/// `ZeroThenReport { hold }` with `threads` background zeroers, verify mode on.
+fn build(hold: Duration, threads: usize) -> ProcessMemory {
+    ProcessMemory::builder()
+        .size(SIZE)
+        .backing(BackingKind::Anonymous { thp: true })
+        .verify(true)
+        .reporting(ReportingSetup {
+            config: ReportingConfig {
+                watermark_gate: false,
+                ..ReportingConfig::default()
+            },
+            policy: HostPolicy::ZeroThenReport { hold },
+            zero_hints: true,
+        })
+        .background_zeroer(ZeroerConfig {
+            threads,
+            ..ZeroerConfig::default()
+        })
+        .build()
+        .unwrap()
+}
+
+/// Polls `cond` (bounded, no assertion on how long it took).
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..4000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("never happened: {what}");
+}
+
+/// Allocates `n` blocks of order 9, fills them, frees them.
+fn dirty(pm: &ProcessMemory, n: usize) {
+    let blocks: Vec<_> = (0..n)
+        .map(|_| {
+            let mut b = pm.alloc(order(9)).unwrap();
+            b.as_mut_slice().fill(0xA5);
+            b
+        })
+        .collect();
+    drop(blocks);
+}
+
+#[test]
+fn freed_blocks_are_zeroed_in_the_background_and_taken_without_a_memset() {
+    let pm = build(Duration::from_secs(3600), 1);
+    dirty(&pm, 4);
+    eventually("background zeroing of 8 MiB", || {
+        pm.stats().zeroing.background >= 8 << 20
+    });
+    let b = pm.alloc_zeroed(order(9)).unwrap();
+    // Known zero and still resident: neither zeroed nor reported.
+    assert_eq!(b.allocation().zeroing, Zeroing::Skipped);
+    assert_eq!(b.allocation().prior, FreeState::ZERO);
+    assert!(b.as_slice().iter().all(|&x| x == 0));
+    let z = pm.stats().zeroing;
+    assert_eq!((z.background, z.alloc_path), (8 << 20, 0));
+    drop(b);
+    pm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn after_the_hold_zeroed_blocks_are_reported_and_stay_known_zero() {
+    let pm = build(Duration::from_millis(10), 1);
+    dirty(&pm, 4);
+    eventually("every page reported", || {
+        pm.stats().mm.reported_pages() == SIZE as u64 / 4096
+    });
+    let s = pm.stats();
+    assert_eq!(
+        s.device.unwrap().zeroed_bytes,
+        s.device.unwrap().discarded_bytes
+    );
+    let all: Vec<_> = (0..SIZE >> 21)
+        .map(|_| pm.alloc_zeroed(order(9)).unwrap())
+        .collect();
+    assert!(all
+        .iter()
+        .all(|b| b.allocation().zeroing == Zeroing::Skipped));
+    assert_eq!(pm.stats().zeroing.alloc_path, 0);
+}
+
+#[test]
+fn prezero_runs_on_the_callers_thread_and_stops_when_cancelled() {
+    let pm = build(Duration::from_secs(3600), 0);
+    dirty(&pm, 3);
+    let cancelled = CancelToken::new();
+    cancelled.cancel();
+    assert_eq!(pm.prezero(u64::MAX, &cancelled), 0);
+    assert_eq!(pm.prezero(2 << 20, &CancelToken::new()), 2 << 20);
+    assert_eq!(pm.prezero(u64::MAX, &CancelToken::new()), 4 << 20);
+    assert_eq!(pm.prezero(u64::MAX, &CancelToken::new()), 0, "nothing left");
+    assert_eq!(pm.stats().zeroing.background, 6 << 20);
+}
+
+#[test]
+fn a_half_zeroed_block_merged_with_a_dirty_buddy_is_not_zeroed_twice() {
+    let pm = build(Duration::from_secs(3600), 0);
+    let mut a = pm.alloc(order(9)).unwrap();
+    let mut b = pm.alloc(order(9)).unwrap();
+    assert_eq!(a.block().pfn.0 ^ 512, b.block().pfn.0, "buddies");
+    a.as_mut_slice().fill(1);
+    b.as_mut_slice().fill(2);
+    drop(a);
+    assert_eq!(pm.prezero(u64::MAX, &CancelToken::new()), 2 << 20);
+    // The merge forgets "known zero" (zero ∧ dirty); the chunk states do not.
+    drop(b);
+    let both = pm.alloc_zeroed(order(10)).unwrap();
+    assert_eq!(both.allocation().zeroing, Zeroing::Done);
+    assert!(both.as_slice().iter().all(|&x| x == 0));
+    let z = pm.stats().zeroing;
+    assert_eq!(
+        (z.background, z.alloc_path, z.skipped_by_map),
+        (2 << 20, 2 << 20, 2 << 20)
+    );
+}
+
+#[test]
+fn the_background_zeroer_never_writes_a_block_someone_holds() {
+    // Four threads allocate, fill with their own pattern, check it, free; two zeroers
+    // zero every freed chunk as fast as they can meanwhile.
+    let pm = build(Duration::from_secs(3600), 2);
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let pm = &pm;
+            s.spawn(move || {
+                for round in 0..200u32 {
+                    let o = order(9 + (round % 2) as u8);
+                    let Ok(mut b) = pm.alloc(o) else { continue };
+                    let pattern = t * 16 + 1;
+                    b.as_mut_slice().fill(pattern);
+                    std::thread::yield_now();
+                    assert!(b.as_slice().iter().all(|&x| x == pattern), "overwritten");
+                    drop(b);
+                }
+            });
+        }
+    });
+    pm.set_background_zeroing(false);
+    pm.manager().check_invariants().unwrap();
+}
+
+/// `background + alloc_path + at_free <= freed` on memory that starts zero: every byte
+/// zeroed was freed since it was last zeroed. (Blocks of reporting order and above: below
+/// it, the manager's per-block "known zero" alone is tracked, which a merge with a dirty
+/// buddy forgets.)
+fn never_twice(z: ZeroingStats) -> bool {
+    z.background + z.alloc_path + z.at_free <= z.freed
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn no_byte_is_zeroed_twice_in_any_combination(
+        init_on_free in any::<bool>(),
+        init_on_alloc in any::<bool>(),
+        ops in prop::collection::vec((0u8..5, 9u8..=10, any::<bool>()), 1..60),
+    ) {
+        let pm = ProcessMemory::builder()
+            .size(SIZE)
+            .backing(BackingKind::Anonymous { thp: false })
+            .verify(true)
+            .init_on_free(init_on_free)
+            .init_on_alloc(init_on_alloc)
+            .build()
+            .unwrap();
+        let mut live = Vec::new();
+        for (op, o, zeroed) in ops {
+            match op {
+                0 | 1 => {
+                    let r = if zeroed { pm.alloc_zeroed(order(o)) } else { pm.alloc(order(o)) };
+                    if let Ok(mut b) = r {
+                        if zeroed || init_on_alloc {
+                            prop_assert!(b.as_slice().iter().all(|&x| x == 0));
+                        }
+                        b.as_mut_slice()[0] = 0xEE;
+                        live.push(b);
+                    }
+                }
+                2 if !live.is_empty() => drop(live.swap_remove(o as usize % live.len())),
+                3 => { pm.prezero(u64::MAX, &CancelToken::new()); }
+                _ => {}
+            }
+            let z = pm.stats().zeroing;
+            prop_assert!(never_twice(z), "{z:?}");
+        }
+        drop(live);
+        prop_assert!(never_twice(pm.stats().zeroing));
+        prop_assert_eq!(pm.stats().mm.verify_failures, 0);
+    }
+}

@@ -1,6 +1,7 @@
 //! The device: lifecycle (features → activate → notifications → reset), the queue loop,
 //! held requests, the statistics request cycle and the target size.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -8,15 +9,16 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::config::ConfigSpace;
-use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder, PlannedDiscard};
+use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder};
 use crate::error::{BalloonError, NotReadyReason};
 use crate::features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
 pub use crate::interrupt::InterruptSignal;
 use crate::metrics::BalloonMetrics;
 use crate::queues::inflate::{self, PartialPages};
 use crate::queues::stats::{self, GuestStats};
+use crate::inflight::{Held, InFlight, Work};
+use crate::metrics::{log_this, FAILED, REFUSED};
 use crate::queues::{collect_chain, reporting, Desc};
-use crate::spec::limits::MAX_HELD_PFNS;
 use crate::spec::PFN_PAGE_SIZE;
 
 /// Device options chosen by the VMM.
@@ -55,28 +57,10 @@ pub struct QueueReport {
     pub held: usize,
     /// `(head, used_len)` of each chain used, in order.
     pub used: Vec<(u16, u32)>,
-}
-
-#[derive(Clone, Debug)]
-enum Work {
-    /// Planned at completion (4 bytes per PFN while held, not a plan's ~90; and the
-    /// partial host pages advance when the discard really happens).
-    Inflate {
-        pfns: Vec<inflate::Pfn4k>,
-        bitmap: Option<GuestAddress>,
-    },
-    Report {
-        blocks: Vec<PlannedDiscard>,
-        total_len: u32,
-    },
-}
-
-#[derive(Clone, Debug)]
-struct Held {
-    queue_index: u16,
-    head: u16,
-    deadline: Instant,
-    work: Work,
+    /// The call stopped after a queue's worth of chains while more were available (a
+    /// guest publishing as fast as the device pops): call again, as for a new
+    /// notification, to serve the rest.
+    pub more: bool,
 }
 
 enum State {
@@ -98,9 +82,7 @@ pub struct BalloonDevice<D, I> {
     interrupt: I,
     metrics: Arc<BalloonMetrics>,
     partial: PartialPages,
-    held: Vec<Held>,
-    /// PFNs of the held inflate requests (bounded by [`MAX_HELD_PFNS`]).
-    held_pfns: usize,
+    inflight: InFlight,
     stats: GuestStats,
     stats_head: Option<u16>,
 }
@@ -116,8 +98,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             interrupt,
             metrics: Arc::default(),
             partial: PartialPages::default(),
-            held: Vec::new(),
-            held_pfns: 0,
+            inflight: InFlight::default(),
             stats: GuestStats::default(),
             stats_head: None,
         }
@@ -203,8 +184,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     /// the held stats buffer; the driver-written config fields go back to zero.
     pub fn reset(&mut self) {
         self.state = State::Reset;
-        self.held.clear();
-        self.held_pfns = 0;
+        self.inflight.clear();
         self.partial.clear();
         self.stats_head = None;
         let target = self.config.num_pages();
@@ -244,12 +224,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
 
     /// Requests held, waiting for [`BalloonDevice::tick`].
     pub fn held_requests(&self) -> usize {
-        self.held.len()
+        self.inflight.len()
     }
 
     /// The earliest held deadline, for the VMM's timer.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.held.iter().map(|h| h.deadline).min()
+        self.inflight.next_deadline()
     }
 
     /// Driver config read.
@@ -269,13 +249,29 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.interrupt.signal_config_change();
     }
 
-    /// Logs and counts a guest-caused error, and hands it back.
+    /// Counts a guest-caused error, logs it (rate-limited per class: the counters stay
+    /// exact, the log does not grow with a flood), and hands it back.
     fn refuse(&self, e: BalloonError) -> BalloonError {
-        if let Some(kind) = e.kind() {
-            self.metrics.malformed(kind);
+        match e.kind() {
+            Some(kind) => {
+                let n = self.metrics.malformed(kind);
+                if log_this(n) {
+                    tracing::warn!(error = %e, ?kind, count = n, "{REFUSED}");
+                }
+            }
+            None => tracing::warn!(error = %e, "virtio-balloon: refused"),
         }
-        tracing::warn!(error = %e, "virtio-balloon: refused guest input");
         e
+    }
+
+    /// Counts and logs (rate-limited) `n` failed discards or VMM-side request failures.
+    fn failed(&self, n: u64, what: &dyn std::fmt::Display) {
+        for _ in 0..n {
+            let count = self.metrics.discard_errors.inc_get();
+            if log_this(count) {
+                tracing::warn!(error = %what, count, "{FAILED}");
+            }
+        }
     }
 
     /// Asks the guest for fresh statistics by using the held stats buffer. Returns
@@ -339,34 +335,43 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         }
         .map_err(|reason| self.refuse(BalloonError::NotReady { index, reason }))?;
 
-        // Phase 1: pop every chain (bounded by the queue size).
-        let mut chains: Vec<(u16, Result<Vec<Desc>, BalloonError>)> = Vec::new();
-        if let State::Active { queues, .. } = &mut self.state {
-            let q = &mut queues[usize::from(index)];
-            while let Some(chain) = q.pop_descriptor_chain(mem) {
-                chains.push((chain.head_index(), collect_chain(chain, kind)));
-            }
-        }
-        // Phase 2: serve each chain.
-        let mut report = QueueReport {
-            chains: chains.len(),
-            ..QueueReport::default()
+        let State::Active { queues, .. } = &self.state else {
+            unreachable!("checked active above");
         };
-        for (head, descs) in chains {
-            let outcome = descs.and_then(|d| self.serve(mem, kind, neg, index, head, &d, now));
+        let q = &queues[usize::from(index)];
+        let (size, desc_table) = (q.size(), GuestAddress(q.desc_table()));
+        // One call serves at most a queue's worth of chains (a guest advancing avail.idx
+        // as fast as the device pops cannot keep it here), and every good chain is
+        // completed whatever its neighbours hold.
+        let mut report = QueueReport::default();
+        let mut taken = vec![false; usize::from(size)];
+        while report.chains < usize::from(size) {
+            let Some(head) = self.pop_head(mem, index) else {
+                break;
+            };
+            report.chains += 1;
+            let outcome = self
+                .take_head(kind, index, head, &mut taken)
+                .and_then(|()| collect_chain(mem, desc_table, size, head, kind))
+                .and_then(|d| self.serve(mem, kind, neg, index, head, &d, now));
             match outcome {
                 Ok(Some(len)) => report.used.push((head, len)),
                 Ok(None) => report.held += 1,
                 Err(e) => {
-                    let is_guest = e.kind().is_some();
-                    if is_guest {
+                    // An invalid head has no descriptor to return, and one in flight is
+                    // returned once, by whoever holds it.
+                    let returnable = !matches!(
+                        e,
+                        BalloonError::InvalidHead { .. } | BalloonError::DescriptorInFlight { .. }
+                    );
+                    if e.kind().is_some() {
                         report.malformed += 1;
                         self.refuse(e);
                     } else {
-                        self.metrics.discard_errors.inc();
-                        tracing::warn!(error = %e, "virtio-balloon: request failed");
+                        self.failed(1, &e);
                     }
-                    if kind == QueueKind::Stats {
+                    if !returnable {
+                    } else if kind == QueueKind::Stats {
                         self.hold_stats(mem, index, head)?;
                         report.held += 1;
                     } else {
@@ -375,9 +380,50 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 }
             }
         }
-        // Phase 3: use the buffers and notify.
+        report.more = report.chains == usize::from(size) && self.has_available(mem, index);
+        self.inflight.end_batch();
         self.push_used(mem, index, &report.used)?;
         Ok(report)
+    }
+
+    /// Pops the next available head of queue `index`.
+    fn pop_head<M: GuestMemoryBackend>(&mut self, mem: &M, index: u16) -> Option<u16> {
+        let State::Active { queues, .. } = &mut self.state else {
+            return None;
+        };
+        queues[usize::from(index)]
+            .pop_descriptor_chain(mem)
+            .map(|c| c.head_index())
+    }
+
+    /// Whether queue `index` has chains available beyond those popped.
+    fn has_available<M: GuestMemoryBackend>(&self, mem: &M, index: u16) -> bool {
+        let State::Active { queues, .. } = &self.state else {
+            return false;
+        };
+        let q = &queues[usize::from(index)];
+        q.avail_idx(mem, Ordering::Acquire)
+            .is_ok_and(|i| i.0 != q.next_avail())
+    }
+
+    /// Takes `head` for this batch, refusing one the device already has: taken earlier in
+    /// the batch, held, or the held statistics buffer.
+    fn take_head(
+        &self,
+        kind: QueueKind,
+        index: u16,
+        head: u16,
+        taken: &mut [bool],
+    ) -> Result<(), BalloonError> {
+        let Some(slot) = taken.get_mut(usize::from(head)) else {
+            return Ok(()); // an invalid head: the chain walk refuses it
+        };
+        let stats_token = kind == QueueKind::Stats && self.stats_head == Some(head);
+        if *slot || stats_token || self.inflight.is_held(index, head) {
+            return Err(BalloonError::DescriptorInFlight { queue: kind, head });
+        }
+        *slot = true;
+        Ok(())
     }
 
     /// Serves one chain: `Some(used_len)` to use it now, `None` when held.
@@ -396,28 +442,15 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         M: GuestMemoryBackend,
         D: Discarder<M>,
     {
-        if self
-            .held
-            .iter()
-            .any(|h| h.queue_index == index && h.head == head)
-        {
-            return Err(BalloonError::DescriptorInFlight { queue: kind, head });
-        }
         let work = match kind {
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, kind, descs, neg.inflate_bitmap())?;
-                let mut avoid = self.ring_ranges();
-                if let Some((addr, _)) = req.bitmap {
-                    avoid.push((addr.0, addr.0 + u64::from(req.bitmap_len())));
-                }
-                for p in &req.pfns {
-                    check_no_overlap(&avoid, kind, p.gpa().0, PFN_PAGE_SIZE)?;
-                }
-                self.metrics.pages_inflated.add(req.pfns.len() as u64);
-                Work::Inflate {
+                let work = Work::Inflate {
                     pfns: req.pfns,
                     bitmap: req.bitmap.map(|b| b.0),
-                }
+                };
+                self.inflight.check(kind, &self.ring_ranges(), &work)?;
+                work
             }
             QueueKind::Deflate => {
                 let req = inflate::parse(mem, kind, descs, false)?;
@@ -426,17 +459,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             }
             QueueKind::Reporting => {
                 let r = reporting::plan(mem, &mut self.discarder, descs)?;
-                let rings = self.ring_ranges();
-                for b in &r.blocks {
-                    check_no_overlap(&rings, kind, b.gpa.0, b.len)?;
-                }
-                self.metrics
-                    .pages_reported
-                    .add(r.blocks.iter().map(|b| b.len / PFN_PAGE_SIZE).sum());
-                Work::Report {
+                let work = Work::Report {
                     blocks: r.blocks,
                     total_len: r.total_len,
-                }
+                };
+                self.inflight.check(kind, &self.ring_ranges(), &work)?;
+                work
             }
             QueueKind::Stats => {
                 // A malformed buffer is held by the caller's error path.
@@ -448,22 +476,26 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             }
             QueueKind::FreePageHint => return Ok(Some(0)),
         };
-        let pfns = match &work {
-            Work::Inflate { pfns, .. } => pfns.len(),
-            Work::Report { .. } => 0,
-        };
-        let deadline = hold_deadline(self.options.policy, now)
-            .filter(|_| self.held_pfns + pfns <= MAX_HELD_PFNS);
+        match &work {
+            Work::Inflate { pfns, .. } => self.metrics.pages_inflated.add(pfns.len() as u64),
+            Work::Report { blocks, .. } => self
+                .metrics
+                .pages_reported
+                .add(blocks.iter().map(|b| b.len / PFN_PAGE_SIZE).sum()),
+        }
+        self.inflight.admit(&work);
+        let deadline =
+            hold_deadline(self.options.policy, now).filter(|_| self.inflight.can_hold(&work));
         if let Some(deadline) = deadline {
-            self.held_pfns += pfns;
-            self.held.push(Held {
+            let held = Held {
                 queue_index: index,
                 head,
-                deadline,
                 work,
-            });
+            };
+            self.inflight.hold(deadline, held);
             return Ok(None);
         }
+        self.inflight.completed();
         Ok(Some(self.complete(mem, neg, &work)))
     }
 
@@ -511,9 +543,10 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             self.partial.remove(p.gpa().0);
         }
         if self.options.prefault_on_deflate {
-            for p in pfns {
-                if let Err(e) = self.discarder.prefault(mem, p.gpa(), PFN_PAGE_SIZE) {
-                    tracing::debug!(gpa = p.gpa().0, error = %e, "prefault failed");
+            // One call per run of contiguous pages inside one region, duplicates merged.
+            for (gpa, len) in inflate::page_runs(mem, pfns) {
+                if let Err(e) = self.discarder.prefault(mem, gpa, len) {
+                    tracing::debug!(gpa = gpa.0, error = %e, "prefault failed");
                 }
             }
         }
@@ -540,11 +573,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                     &mut own
                 };
                 let (plan, errs) = inflate::plan(mem, &mut self.discarder, partial, pfns);
-                self.metrics.discard_errors.add(errs);
+                self.failed(errs, &"backing of an inflated page unknown");
                 let promise = allowed && neg.init_on_inflate(poison);
                 let r = execute(&plan, policy, promise, mem, &mut self.discarder);
                 self.metrics.bytes_discarded.add(r.bytes);
-                self.metrics.discard_errors.add(r.errors);
+                self.failed(r.errors, &"inflate discard failed");
                 let Some(addr) = bitmap else { return 0 };
                 let bytes = inflate::bitmap_bytes(pfns.len(), &r.zero_bits);
                 if let Err(e) = mem.write_slice(&bytes, *addr) {
@@ -564,7 +597,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 let promise = allowed && neg.init_reported(poison);
                 let r = execute(blocks, policy, promise, mem, &mut self.discarder);
                 self.metrics.bytes_discarded.add(r.bytes);
-                self.metrics.discard_errors.add(r.errors);
+                self.failed(r.errors, &"report discard failed");
                 if promise && r.all_zero {
                     self.metrics.zero_promises.inc();
                     *total_len
@@ -585,18 +618,21 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let Some(neg) = self.negotiated().filter(|_| self.is_active()) else {
             return Ok(0);
         };
-        let (due, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| h.deadline <= now);
-        self.held = keep;
+        let due = self.inflight.take_due(now);
+        let mut used: Vec<(u16, u16, u32)> = Vec::with_capacity(due.len());
         for h in &due {
-            if let Work::Inflate { pfns, .. } = &h.work {
-                self.held_pfns -= pfns.len();
-            }
             let len = self.complete(mem, neg, &h.work);
-            self.push_used(mem, h.queue_index, &[(h.head, len)])?;
+            used.push((h.queue_index, h.head, len));
         }
-        Ok(due.len())
+        self.inflight.end_batch();
+        // Grouped per queue: one signal per queue.
+        used.sort_by_key(|u| u.0);
+        let mut result = Ok(());
+        for chunk in used.chunk_by(|a, b| a.0 == b.0) {
+            let pairs: Vec<(u16, u32)> = chunk.iter().map(|u| (u.1, u.2)).collect();
+            result = result.and(self.push_used(mem, chunk[0].0, &pairs));
+        }
+        result.map(|()| due.len())
     }
 
     fn push_used<M: GuestMemoryBackend>(
@@ -612,27 +648,16 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             return Ok(());
         }
         let q = &mut queues[usize::from(index)];
+        // Every element is tried and the driver signalled whatever one of them hit.
+        let mut result = Ok(());
         for (head, len) in used {
-            q.add_used(mem, *head, *len)
-                .map_err(|e| BalloonError::Queue(e.to_string()))?;
+            if let Err(e) = q.add_used(mem, *head, *len) {
+                result = result.and(Err(BalloonError::Queue(e.to_string())));
+            }
         }
         if q.needs_notification(mem).unwrap_or(true) {
             self.interrupt.signal_used_queue(index);
         }
-        Ok(())
+        result
     }
-}
-
-/// Refuses discarding `[gpa, gpa + len)` when it overlaps one of `avoid` (`[start, end)`).
-fn check_no_overlap(
-    avoid: &[(u64, u64)],
-    queue: QueueKind,
-    gpa: u64,
-    len: u64,
-) -> Result<(), BalloonError> {
-    let end = gpa.saturating_add(len);
-    if avoid.iter().any(|&(s, e)| gpa < e && s < end) {
-        return Err(BalloonError::DiscardOverlap { queue, gpa, len });
-    }
-    Ok(())
 }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use zeronce_mem::clock::deadline_after;
 use zeronce_mem::vm::{self, GuestDiscardError};
 use zeronce_mem::{Backing, DiscardOp};
 
@@ -234,7 +235,8 @@ where
                 }
             }
             Err(e) => {
-                tracing::warn!(gpa = p.gpa.0, len = p.len, %op, error = %e, "discard failed");
+                // Counted; the device logs failures rate-limited (a guest can cause many).
+                tracing::debug!(gpa = p.gpa.0, len = p.len, %op, error = %e, "discard failed");
                 r.errors += 1;
                 r.all_zero = false;
             }
@@ -243,10 +245,12 @@ where
     r
 }
 
-/// The deadline for a request held under `policy` at `now` (`None`: not held).
+/// The deadline for a request held under `policy` at `now` (`None`: not held). A delay
+/// past what the clock can represent (`Duration::MAX`) holds "forever" instead of
+/// panicking on the first request.
 pub fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
     match policy {
-        DiscardPolicy::Held { delay } => Some(now + delay),
+        DiscardPolicy::Held { delay } => Some(deadline_after(now, delay)),
         _ => None,
     }
 }

@@ -46,13 +46,19 @@ pub enum MalformedKind {
     UnofferedFeature,
     /// A chain head made available again while the device still holds it.
     DescriptorInFlight,
-    /// Memory to discard overlapping a virtqueue's rings or the request's own bitmap.
+    /// Memory to discard overlapping a virtqueue's rings or a buffer the device still
+    /// writes, or a buffer to write overlapping memory promised zero (in-flight requests).
     DiscardOverlap,
+    /// An available-ring entry naming a descriptor outside the table: counted, never
+    /// written to the used ring (there is no such descriptor to return).
+    InvalidHead,
+    /// An indirect descriptor, though `VIRTIO_F_INDIRECT_DESC` is never offered.
+    IndirectDescriptor,
 }
 
 impl MalformedKind {
     /// Number of kinds (size of the counter array).
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 21;
 
     /// Every kind, in counter order.
     pub const ALL: [MalformedKind; MalformedKind::COUNT] = [
@@ -75,6 +81,8 @@ impl MalformedKind {
         MalformedKind::UnofferedFeature,
         MalformedKind::DescriptorInFlight,
         MalformedKind::DiscardOverlap,
+        MalformedKind::InvalidHead,
+        MalformedKind::IndirectDescriptor,
     ];
 
     /// Index of this kind's counter.
@@ -246,8 +254,10 @@ pub enum BalloonError {
         head: u16,
     },
     /// Memory the device would discard overlaps a virtqueue's rings (descriptor table,
-    /// available or used ring) or the inflate request's own bitmap: the device writes
-    /// there after discarding, so the memory would neither stay zero nor stay the rings.
+    /// available or used ring) or a bitmap the device still has to write (this request's
+    /// or another in-flight one's), or a bitmap overlaps memory an in-flight request will
+    /// promise zero: the device would write there after discarding, so the memory would
+    /// neither stay zero nor stay what the guest put there.
     #[error("{queue:?}: discarding {gpa:#x}+{len:#x} would hit the rings or the bitmap")]
     DiscardOverlap {
         /// Queue the request came from.
@@ -256,6 +266,26 @@ pub enum BalloonError {
         gpa: u64,
         /// Its length.
         len: u64,
+    },
+    /// An available-ring entry whose head index is not below the queue size.
+    #[error("{queue:?}: available head {head} is outside the {size}-entry descriptor table")]
+    InvalidHead {
+        /// Queue the entry came from.
+        queue: QueueKind,
+        /// The head index read from the available ring.
+        head: u16,
+        /// The queue size.
+        size: u16,
+    },
+    /// A descriptor with `VIRTQ_DESC_F_INDIRECT`: the device never offers
+    /// `VIRTIO_F_INDIRECT_DESC`, and the spec forbids the driver to use indirect
+    /// descriptors unless it was negotiated.
+    #[error("{queue:?}: descriptor {index} of the chain is indirect (not negotiated)")]
+    IndirectDescriptor {
+        /// Queue the request came from.
+        queue: QueueKind,
+        /// Position of the descriptor in its chain.
+        index: usize,
     },
     /// The virtqueue itself could not be accessed (e.g. its rings left guest memory).
     #[error("virtqueue error: {0}")]
@@ -295,6 +325,8 @@ impl BalloonError {
             E::UnofferedFeature { .. } => K::UnofferedFeature,
             E::DescriptorInFlight { .. } => K::DescriptorInFlight,
             E::DiscardOverlap { .. } => K::DiscardOverlap,
+            E::InvalidHead { .. } => K::InvalidHead,
+            E::IndirectDescriptor { .. } => K::IndirectDescriptor,
             E::Queue(_) | E::QueueCount { .. } => return None,
         })
     }

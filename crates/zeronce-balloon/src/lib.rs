@@ -48,6 +48,7 @@ pub mod features;
 pub mod fuzzing;
 #[cfg(any(test, feature = "guest-ring", feature = "test-utils"))]
 pub mod guest_ring;
+mod inflight;
 pub mod interrupt;
 pub mod metrics;
 #[cfg(any(test, feature = "test-utils"))]

@@ -20,11 +20,33 @@ impl Counter {
         self.add(1);
     }
 
+    /// Adds one and returns the new value.
+    pub fn inc_get(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// The current value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
+
+/// Events of one class logged in full before the log thins out.
+pub const LOG_FIRST: u64 = 10;
+
+/// Whether the `n`th event (1-based) of one class is logged: the first [`LOG_FIRST`],
+/// then one line at each doubling of the count, which carries the count. A flood of
+/// `n` events costs `LOG_FIRST + log2(n)` lines; the counters stay exact.
+pub fn log_this(n: u64) -> bool {
+    n <= LOG_FIRST || n.is_power_of_two()
+}
+
+/// Message of a refused guest request (rate-limited by [`log_this`]).
+pub(crate) const REFUSED: &str =
+    "virtio-balloon: refused guest input (per class: first 10 logged, then at each doubling of count)";
+/// Message of a failed discard or VMM-side failure (rate-limited by [`log_this`]).
+pub(crate) const FAILED: &str =
+    "virtio-balloon: request failed (first 10 logged, then at each doubling of count)";
 
 /// Counters of everything the device does.
 #[derive(Debug, Default)]
@@ -86,9 +108,9 @@ impl BalloonMetrics {
         }
     }
 
-    /// Counts one malformed request of `kind`.
-    pub fn malformed(&self, kind: MalformedKind) {
-        self.malformed[kind.index()].inc();
+    /// Counts one malformed request of `kind`; returns the count of that kind so far.
+    pub fn malformed(&self, kind: MalformedKind) -> u64 {
+        self.malformed[kind.index()].inc_get()
     }
 
     /// Malformed requests of `kind` so far.
@@ -116,5 +138,12 @@ mod tests {
         assert_eq!(m.malformed_count(MalformedKind::Misaligned), 1);
         assert_eq!(m.malformed_count(MalformedKind::NotReady), 0);
         assert_eq!(m.malformed_total(), 3);
+    }
+
+    #[test]
+    fn a_flood_logs_logarithmically() {
+        let lines = (1..=100_000u64).filter(|&n| log_this(n)).count() as u64;
+        assert!(lines <= LOG_FIRST + 17, "{lines}");
+        assert!((1..=LOG_FIRST).all(log_this));
     }
 }

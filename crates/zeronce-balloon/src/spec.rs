@@ -44,9 +44,13 @@ pub mod limits {
     pub const MAX_CHAIN_DESCRIPTORS: usize = 64;
     /// Most PFNs in one inflate/deflate request (Linux sends ≤ 256).
     pub const MAX_PFNS_PER_REQUEST: usize = 64 * 1024;
-    /// Most PFNs held in all under the held policy (4 bytes each: 4 MiB of host memory,
-    /// 4 GiB of guest memory); an inflate request beyond it is served at once.
-    pub const MAX_HELD_PFNS: usize = 1 << 20;
+    /// The one bound on held work (held policy), in bytes of host memory: every held
+    /// request's payload counts against it, 4 bytes per inflate PFN and one planned
+    /// discard (`size_of::<PlannedDiscard>()`, 56 bytes) per reported block. A request
+    /// that would exceed it is served at once, with its honest verdict. On top of it
+    /// each held request keeps one fixed-size record, at most one per descriptor head.
+    /// 4 MiB is 1 Mi PFNs (4 GiB of guest memory) or ~75 Ki reported blocks.
+    pub const MAX_HELD_BYTES: usize = 4 << 20;
     /// Largest statistics buffer accepted, in bytes (16 tags × 10 bytes is 160).
     pub const MAX_STATS_BUFFER: u32 = 4096;
     /// Largest single reported block, in bytes (1 GiB: the largest huge page).

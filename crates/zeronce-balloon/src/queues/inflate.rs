@@ -242,7 +242,7 @@ where
         let backing = match discarder.backing(mem, r.region_start) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(gpa = gpa.0, error = %e, "cannot determine backing");
+                tracing::debug!(gpa = gpa.0, error = %e, "cannot determine backing");
                 backing_errors += 1;
                 continue;
             }
@@ -300,6 +300,33 @@ where
         });
     }
     (out, backing_errors)
+}
+
+/// The 4 KiB pages of `pfns` as runs `(start, length)`: sorted, duplicates merged,
+/// contiguous pages joined inside one region (a run never spans two mappings). PFNs
+/// outside guest memory are skipped (a parsed request has none).
+pub fn page_runs<M: GuestMemoryBackend + ?Sized>(
+    mem: &M,
+    pfns: &[Pfn4k],
+) -> Vec<(GuestAddress, u64)> {
+    let mut sorted: Vec<Pfn4k> = pfns.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(GuestAddress, u64, u64)> = Vec::new(); // (start, len, region)
+    for p in sorted {
+        let Ok(r) = region_range(mem, QueueKind::Deflate, p.gpa(), PFN_PAGE_SIZE) else {
+            continue;
+        };
+        match runs.last_mut() {
+            Some((start, len, region))
+                if *region == r.region_start.0 && start.0 + *len == p.gpa().0 =>
+            {
+                *len += PFN_PAGE_SIZE;
+            }
+            _ => runs.push((p.gpa(), PFN_PAGE_SIZE, r.region_start.0)),
+        }
+    }
+    runs.into_iter().map(|(s, l, _)| (s, l)).collect()
 }
 
 /// Writes the inflate bitmap: clears `len` bytes at `addr`, then sets `bits`.

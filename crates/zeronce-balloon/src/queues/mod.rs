@@ -5,14 +5,15 @@ pub mod inflate;
 pub mod reporting;
 pub mod stats;
 
-use std::ops::Deref;
-
-use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
+use virtio_queue::desc::split::Descriptor;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::error::{checked_end, BalloonError};
 use crate::features::QueueKind;
 use crate::spec::limits::MAX_CHAIN_DESCRIPTORS;
+
+/// Size of one split-ring descriptor (`struct virtq_desc`).
+const DESCRIPTOR_SIZE: u64 = 16;
 
 /// One descriptor of a chain, as the handlers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,41 +26,57 @@ pub struct Desc {
     pub writable: bool,
 }
 
-/// Collects the descriptors of `chain`, refusing chains longer than
-/// [`MAX_CHAIN_DESCRIPTORS`] and chains that loop or end in a bad `next` (virtio-queue
-/// stops iterating at its time-to-live or an out-of-table index; the last descriptor
-/// still saying "next" gives that away).
-pub fn collect_chain<M>(
-    chain: DescriptorChain<M>,
+/// Walks the chain starting at `head` in the split descriptor table at `desc_table`
+/// (`queue_size` entries) and collects its descriptors.
+///
+/// The device reads the table itself instead of through virtio-queue's chain iterator,
+/// which follows indirect tables transparently and hides a loop or a bad `next` as a
+/// short chain. Refused: a head outside the table ([`BalloonError::InvalidHead`]), an
+/// indirect descriptor (`VIRTIO_F_INDIRECT_DESC` is never offered, and a driver must not
+/// use them unless negotiated: [`BalloonError::IndirectDescriptor`]), and chains longer
+/// than [`MAX_CHAIN_DESCRIPTORS`], looping, or with a `next` outside the table or a
+/// descriptor outside guest memory ([`BalloonError::BadChain`]).
+pub fn collect_chain<M: GuestMemory + ?Sized>(
+    mem: &M,
+    desc_table: GuestAddress,
+    queue_size: u16,
+    head: u16,
     queue: QueueKind,
-) -> Result<Vec<Desc>, BalloonError>
-where
-    M: Deref,
-    M::Target: GuestMemory,
-{
+) -> Result<Vec<Desc>, BalloonError> {
+    if head >= queue_size {
+        return Err(BalloonError::InvalidHead {
+            queue,
+            head,
+            size: queue_size,
+        });
+    }
     let mut descs = Vec::new();
-    let mut last_has_next = false;
-    for d in chain {
-        if descs.len() == MAX_CHAIN_DESCRIPTORS {
-            return Err(BalloonError::BadChain {
+    let mut next = head;
+    loop {
+        let bad = |seen: usize| BalloonError::BadChain { queue, seen };
+        if descs.len() == MAX_CHAIN_DESCRIPTORS || next >= queue_size {
+            return Err(bad(descs.len() + 1));
+        }
+        let at = desc_table
+            .checked_add(u64::from(next) * DESCRIPTOR_SIZE)
+            .ok_or(bad(descs.len()))?;
+        let d: Descriptor = mem.read_obj(at).map_err(|_| bad(descs.len()))?;
+        if d.refers_to_indirect_table() {
+            return Err(BalloonError::IndirectDescriptor {
                 queue,
-                seen: descs.len() + 1,
+                index: descs.len(),
             });
         }
-        last_has_next = d.has_next();
         descs.push(Desc {
             addr: d.addr(),
             len: d.len(),
             writable: d.is_write_only(),
         });
+        if !d.has_next() {
+            return Ok(descs);
+        }
+        next = d.next();
     }
-    if last_has_next || descs.is_empty() {
-        return Err(BalloonError::BadChain {
-            queue,
-            seen: descs.len(),
-        });
-    }
-    Ok(descs)
 }
 
 /// A validated guest range inside one region.

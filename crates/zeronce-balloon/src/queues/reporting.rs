@@ -50,7 +50,7 @@ where
         }
         let r = region_range(mem, Q, d.addr, len)?;
         let backing = discarder.backing(mem, r.region_start).map_err(|e| {
-            tracing::warn!(gpa = d.addr.0, error = %e, "cannot determine backing");
+            tracing::debug!(gpa = d.addr.0, error = %e, "cannot determine backing");
             BalloonError::Queue(format!("backing of region {:#x}: {e}", r.region_start.0))
         })?;
         let ps = backing.page_size() as u64;

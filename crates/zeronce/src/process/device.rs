@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use zeronce_mem::clock::deadline_after;
 use zeronce_mem::{Backing, DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
 use zeronce_mm::{PageRange, ReportedNotZero, PAGE_SIZE};
@@ -183,16 +184,6 @@ impl ProcessDevice {
     }
 }
 
-/// Longest hold the clock is asked to represent (`Hold(Duration::MAX)` = never discard).
-const FOREVER: Duration = Duration::from_secs(1000 * 365 * 86_400);
-
-/// When a hold of `hold` starting `now` ends, saturating: `now + hold` panics past what
-/// an `Instant` can represent, which would leave the engine's batch isolated for good.
-fn hold_end(now: Instant, hold: Duration) -> Instant {
-    // If even FOREVER does not fit (it does on Linux), an early end only discards sooner.
-    now.checked_add(hold.min(FOREVER)).unwrap_or(now)
-}
-
 impl ReportingDevice for ProcessDevice {
     fn capacity(&self) -> usize {
         usize::MAX
@@ -213,7 +204,7 @@ impl ReportingDevice for ProcessDevice {
                     // Nothing discarded yet: reported, not zero, until the hold is over.
                     self.unhold(block);
                     self.held
-                        .insert(block.start.0, (block.pages, hold_end(now, hold)));
+                        .insert(block.start.0, (block.pages, deadline_after(now, hold)));
                     self.stats.held_bytes += block.bytes();
                     Verdict::NotZeroed
                 }

@@ -227,6 +227,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.inflight.len()
     }
 
+    /// Host bytes of held work, at most
+    /// [`MAX_HELD_BYTES`](crate::spec::limits::MAX_HELD_BYTES).
+    pub fn held_bytes(&self) -> usize {
+        self.inflight.cost()
+    }
+
     /// The earliest held deadline, for the VMM's timer.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.inflight.next_deadline()

@@ -228,6 +228,11 @@ impl InFlight {
         }
     }
 
+    /// Bytes of held work.
+    pub fn cost(&self) -> usize {
+        self.cost
+    }
+
     /// Number of held requests.
     pub fn len(&self) -> usize {
         self.held.len()

@@ -2,6 +2,7 @@
 //! every call, can pretend regions have any backing, can fail on request, and emulates
 //! the zeroing of ops that guarantee zero by writing zeros through vm-memory.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 use crate::discard::DiscardError;
@@ -109,6 +110,57 @@ impl<M: GuestMemoryBackend + ?Sized> Discarder<M> for RecordingDiscarder {
     fn prefault(&mut self, _mem: &M, gpa: GuestAddress, len: u64) -> Result<(), DiscardError> {
         self.prefaults.push((gpa, len));
         Ok(())
+    }
+}
+
+/// Guest memory whose contents a hostile guest changes while the device reads it: `hook`
+/// runs on the inner memory at every region lookup, with the address looked up, and
+/// every guest memory access of the device makes one (reads of `avail.idx`, available
+/// entries, descriptors, buffers). A hook may change `avail.idx`, the rings or buffers
+/// between two reads of one call.
+pub struct HookedMemory<M, F> {
+    inner: M,
+    hook: RefCell<F>,
+}
+
+impl<M, F: FnMut(&M, GuestAddress)> HookedMemory<M, F> {
+    /// `inner` with `hook` run at every lookup (not re-entered by the hook's own accesses
+    /// when it uses `inner`).
+    pub fn new(inner: M, hook: F) -> Self {
+        HookedMemory {
+            inner,
+            hook: RefCell::new(hook),
+        }
+    }
+
+    /// The memory without the hook.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    fn run_hook(&self, addr: GuestAddress) {
+        if let Ok(mut hook) = self.hook.try_borrow_mut() {
+            hook(&self.inner, addr);
+        }
+    }
+}
+
+impl<M: GuestMemoryBackend, F: FnMut(&M, GuestAddress)> GuestMemoryBackend
+    for HookedMemory<M, F>
+{
+    type R = M::R;
+
+    fn num_regions(&self) -> usize {
+        self.inner.num_regions()
+    }
+
+    fn find_region(&self, addr: GuestAddress) -> Option<&M::R> {
+        self.run_hook(addr);
+        self.inner.find_region(addr)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &M::R> {
+        self.inner.iter()
     }
 }
 

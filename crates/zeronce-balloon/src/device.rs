@@ -12,12 +12,12 @@ use crate::config::ConfigSpace;
 use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder};
 use crate::error::{BalloonError, NotReadyReason};
 use crate::features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
+use crate::inflight::{Held, InFlight, Work};
 pub use crate::interrupt::InterruptSignal;
 use crate::metrics::BalloonMetrics;
+use crate::metrics::{log_this, FAILED, REFUSED};
 use crate::queues::inflate::{self, PartialPages};
 use crate::queues::stats::{self, GuestStats};
-use crate::inflight::{Held, InFlight, Work};
-use crate::metrics::{log_this, FAILED, REFUSED};
 use crate::queues::{collect_chain, reporting, Desc};
 use crate::spec::PFN_PAGE_SIZE;
 

@@ -145,9 +145,7 @@ impl<M, F: FnMut(&M, GuestAddress)> HookedMemory<M, F> {
     }
 }
 
-impl<M: GuestMemoryBackend, F: FnMut(&M, GuestAddress)> GuestMemoryBackend
-    for HookedMemory<M, F>
-{
+impl<M: GuestMemoryBackend, F: FnMut(&M, GuestAddress)> GuestMemoryBackend for HookedMemory<M, F> {
     type R = M::R;
 
     fn num_regions(&self) -> usize {

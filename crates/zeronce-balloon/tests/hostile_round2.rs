@@ -91,7 +91,12 @@ fn the_stats_token_is_valid_or_absent_and_returned_once() {
 }
 
 /// An inflate request with its PFN array at `arr` and its bitmap at `bitmap`.
-fn inflate_at(rig: &Rig<'_, RecordingDiscarder>, arr: u64, pfns: &[u32], bitmap: u64) -> Vec<DriverBuf> {
+fn inflate_at(
+    rig: &Rig<'_, RecordingDiscarder>,
+    arr: u64,
+    pfns: &[u32],
+    bitmap: u64,
+) -> Vec<DriverBuf> {
     rig.write_pfns(arr, pfns);
     vec![
         DriverBuf::read(arr, 4 * pfns.len() as u32),
@@ -131,7 +136,9 @@ fn no_device_write_lands_on_a_page_promised_zero() {
     let r = rig.notify(QueueKind::Inflate);
     assert_eq!(r.malformed, 1, "the overlapping request is refused");
     assert_eq!(
-        rig.dev.metrics().malformed_count(MalformedKind::DiscardOverlap),
+        rig.dev
+            .metrics()
+            .malformed_count(MalformedKind::DiscardOverlap),
         1
     );
     assert!(promises_hold(&mem, &pa, DATA + 0x8000), "A's promise");
@@ -154,7 +161,12 @@ fn no_device_write_lands_on_a_page_promised_zero() {
     rig.submit(QueueKind::Inflate, &c);
     let r = rig.notify(QueueKind::Inflate);
     assert_eq!((r.malformed, r.held), (1, 0));
-    assert_eq!(rig.dev.tick(&mem, rig.now + Duration::from_secs(1)).unwrap(), 1);
+    assert_eq!(
+        rig.dev
+            .tick(&mem, rig.now + Duration::from_secs(1))
+            .unwrap(),
+        1
+    );
     assert_eq!(
         rig.used(QueueKind::Reporting),
         vec![(u32::from(report), 0x2000)]
@@ -245,7 +257,11 @@ fn held_reports_count_against_the_one_bound() {
         "{} chains of 64 blocks held",
         rig.dev.held_requests()
     );
-    assert_eq!(r.held + r.used.len(), usize::from(size) - 63, "the rest served");
+    assert_eq!(
+        r.held + r.used.len(),
+        usize::from(size) - 63,
+        "the rest served"
+    );
 }
 
 /// Class 6: indirect descriptors were followed though `VIRTIO_F_INDIRECT_DESC` is never
@@ -347,7 +363,10 @@ fn a_flood_of_malformed_chains_does_not_flood_the_log() {
         assert_eq!(m.malformed_count(MalformedKind::OutOfGuestMemory), n);
     });
     let lines = lines.0.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(lines <= 10 + 13, "{lines} log lines for {n} malformed chains");
+    assert!(
+        lines <= 10 + 13,
+        "{lines} log lines for {n} malformed chains"
+    );
 }
 
 /// Class 9: `prefault_on_deflate` made one madvise per PFN, duplicates not merged.

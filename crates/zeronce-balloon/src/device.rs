@@ -9,59 +9,18 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::config::ConfigSpace;
-use crate::discard::{execute, hold_deadline, DiscardPolicy, Discarder};
+use crate::discard::{execute, hold_deadline, Discarder};
 use crate::error::{BalloonError, NotReadyReason};
-use crate::features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
+use crate::features::{Feature, FeatureSet, Negotiated, QueueKind, QueueLayout};
 use crate::inflight::{Held, InFlight, Work};
 pub use crate::interrupt::InterruptSignal;
 use crate::metrics::BalloonMetrics;
 use crate::metrics::{log_this, FAILED, REFUSED};
+pub use crate::options::{BalloonOptions, QueueReport};
 use crate::queues::inflate::{self, PartialPages};
 use crate::queues::stats::{self, GuestStats};
 use crate::queues::{collect_chain, reporting, Desc};
 use crate::spec::PFN_PAGE_SIZE;
-
-/// Device options chosen by the VMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BalloonOptions {
-    /// Features offered (each switchable).
-    pub offer: FeatureOffer,
-    /// When and how to discard.
-    pub policy: DiscardPolicy,
-    /// Pre-fault deflated pages (`MADV_POPULATE_WRITE`).
-    pub prefault_on_deflate: bool,
-    /// Allow zero promises at all; turn off for confidential guests, whose memory the
-    /// host cannot vouch for (bits 6 and 7 are then not offered).
-    pub zero_promises: bool,
-}
-
-impl Default for BalloonOptions {
-    fn default() -> Self {
-        BalloonOptions {
-            offer: FeatureOffer::default(),
-            policy: DiscardPolicy::Immediate,
-            prefault_on_deflate: false,
-            zero_promises: true,
-        }
-    }
-}
-
-/// What one call to [`BalloonDevice::process_queue`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueReport {
-    /// Chains popped.
-    pub chains: usize,
-    /// Chains refused as malformed (returned with `used_len` 0, or held on statsq).
-    pub malformed: usize,
-    /// Chains held (held policy, or the stats buffer).
-    pub held: usize,
-    /// `(head, used_len)` of each chain used, in order.
-    pub used: Vec<(u16, u32)>,
-    /// The call stopped after a queue's worth of chains while more were available (a
-    /// guest publishing as fast as the device pops): call again, as for a new
-    /// notification, to serve the rest.
-    pub more: bool,
-}
 
 enum State {
     Reset,
@@ -110,8 +69,9 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     }
 
     /// The features offered to the driver. Without zero promises (a confidential guest)
-    /// bits 6 and 7 are never offered, whatever [`FeatureOffer`] says: the device could
-    /// never honour them (docs/ARCHITECTURE.md §5).
+    /// bits 6 and 7 are never offered, whatever
+    /// [`FeatureOffer`](crate::features::FeatureOffer) says: the device could never honour
+    /// them (docs/ARCHITECTURE.md §5).
     pub fn device_features(&self) -> FeatureSet {
         let offer = self.options.offer.features();
         if self.options.zero_promises {
@@ -311,9 +271,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.process_queue_at(mem, index, Instant::now())
     }
 
-    /// Handles a notification of queue `index` at time `now`: pops every available chain,
-    /// validates and serves it, uses it (or holds it), and signals the driver. Malformed
-    /// chains are logged, counted and used with `used_len` 0; the queue keeps being served.
+    /// Handles a notification of queue `index` at time `now`: pops the available chains
+    /// (at most a queue's worth: [`QueueReport::more`] says to call again), validates and
+    /// serves each, uses it (or holds it), and signals the driver. Malformed chains are
+    /// logged (rate-limited), counted and used with `used_len` 0; the queue keeps being
+    /// served. An available entry naming no descriptor, or a descriptor the device already
+    /// holds, is counted and never used (a descriptor is returned exactly once).
     pub fn process_queue_at<M>(
         &mut self,
         mem: &M,

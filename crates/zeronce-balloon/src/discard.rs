@@ -22,8 +22,8 @@
 //! device uses the buffer, and by then the discard has happened and its promise is exact.
 //! The cost is that the guest's reporting / balloon worker waits up to the delay. At most
 //! a queue's worth of requests, and at most
-//! [`MAX_HELD_PFNS`](crate::spec::limits::MAX_HELD_PFNS) inflate PFNs in all, are held; an
-//! inflate request beyond that is served at once.
+//! [`MAX_HELD_BYTES`](crate::spec::limits::MAX_HELD_BYTES) of work in all (inflate PFNs
+//! and reported blocks), are held; a request beyond that is served at once.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -53,6 +53,7 @@ pub mod interrupt;
 pub mod metrics;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
+mod options;
 pub mod queues;
 pub mod spec;
 

@@ -134,7 +134,9 @@ pub fn run(args: &ChurnArgs) -> BenchResult {
     } else {
         (
             args.rounds,
-            Duration::from_secs_f64(args.trial_s),
+            // A negative, NaN or huge --trial-s is an error, not a panic.
+            Duration::try_from_secs_f64(args.trial_s)
+                .map_err(|e| format!("--trial-s {}: {e}", args.trial_s))?,
             ReportingConfig::default().delay,
         )
     };

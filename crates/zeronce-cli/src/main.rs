@@ -9,6 +9,7 @@
 mod bench;
 mod demo;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -41,7 +42,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Bench { which } => bench::run(which),
@@ -50,7 +54,49 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("zeronce: {e}");
-            ExitCode::FAILURE
+            if e.is::<UsageError>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// Arguments that parse but cannot work together (found before anything runs): exit
+/// code 2, like a parse error.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Help and version go to stdout as clap renders them; a usage error becomes one line on
+/// stderr and exit code 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.exit_code() == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(2)
+        };
+    }
+    let text = e.render().to_string();
+    let line = text.lines().next().unwrap_or("invalid arguments");
+    eprintln!(
+        "zeronce: {} (see --help)",
+        line.strip_prefix("error: ").unwrap_or(line)
+    );
+    ExitCode::from(2)
 }

@@ -22,12 +22,13 @@ use zeronce::{Order, PageBlock, ProcessMemory, ReportingConfig, ReportingSetup};
 pub struct AllocOnceArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Runs per mode and variant (at least 10 for the record).
-    #[arg(long, default_value_t = 10)]
-    pub runs: usize,
-    /// Idle time between the free (+ flush) and the timed allocation, same for all modes.
-    #[arg(long, default_value_t = 200)]
-    pub gap_ms: u64,
+    /// Runs per mode and variant (at least 10 for the record) [default: 10; --quick: 3].
+    #[arg(long, value_parser = super::at_least_one)]
+    pub runs: Option<usize>,
+    /// Idle milliseconds between the free (+ flush) and the timed allocation, same for
+    /// all modes [default: 200; --quick: 50].
+    #[arg(long, value_parser = super::millis)]
+    pub gap_ms: Option<u64>,
 }
 
 /// The three modes, in the seed's terms.
@@ -240,21 +241,14 @@ fn print_table(title: &str, res: &Results) {
 /// Runs the benchmark.
 pub fn run(args: &AllocOnceArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let (arena, size, runs, gap) = if quick {
-        (
-            512 << 20,
-            64 << 20,
-            args.runs.min(3),
-            Duration::from_millis(args.gap_ms.min(50)),
-        )
+    let c = args.common;
+    let (arena, size) = if quick {
+        (512 << 20, 64 << 20)
     } else {
-        (
-            2 << 30,
-            256 << 20,
-            args.runs,
-            Duration::from_millis(args.gap_ms),
-        )
+        (2 << 30, 256 << 20)
     };
+    let runs = c.pick(args.runs, 3, 10);
+    let gap = Duration::from_millis(c.pick(args.gap_ms, 50, 200));
     let thp = measure(arena, size, BackingKind::Anonymous { thp: true }, runs, gap)?;
     let (thp_json, ratio_a, ratio_b) = report(&thp, arena);
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).

@@ -22,12 +22,12 @@ use zeronce::{BudgetPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetu
 pub struct ChurnArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Rounds (each runs every mode once).
-    #[arg(long, default_value_t = 11)]
-    pub rounds: usize,
-    /// Seconds per trial.
-    #[arg(long, default_value_t = 2.5)]
-    pub trial_s: f64,
+    /// Rounds (each runs every mode once) [default: 11; --quick: 4].
+    #[arg(long, value_parser = super::at_least_one)]
+    pub rounds: Option<usize>,
+    /// Seconds per trial [default: 2.5; --quick: 0.25].
+    #[arg(long, value_parser = super::seconds, allow_negative_numbers = true)]
+    pub trial_s: Option<f64>,
 }
 
 /// Reporting off, on with Linux's budget, on with the adaptive budget.
@@ -129,17 +129,14 @@ fn median(v: &[f64]) -> f64 {
 /// Runs the benchmark.
 pub fn run(args: &ChurnArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let (rounds, dur, delay) = if quick {
-        (4, Duration::from_millis(250), Duration::from_millis(100))
-    } else {
-        (
-            args.rounds,
-            // A negative, NaN or huge --trial-s is an error, not a panic.
-            Duration::try_from_secs_f64(args.trial_s)
-                .map_err(|e| format!("--trial-s {}: {e}", args.trial_s))?,
-            ReportingConfig::default().delay,
-        )
-    };
+    let c = args.common;
+    let rounds = c.pick(args.rounds, 4, 11);
+    let dur = Duration::from_secs_f64(c.pick(args.trial_s, 0.25, 2.5));
+    let delay = c.pick(
+        None,
+        Duration::from_millis(100),
+        ReportingConfig::default().delay,
+    );
     let mut configs = Vec::new();
     let (mut min_linux, mut min_adaptive) = (f64::INFINITY, f64::INFINITY);
     for (order, threads) in [(0u8, 1usize), (0, 2), (9, 1), (9, 2)] {

@@ -27,15 +27,16 @@ use zeronce::{CancelToken, HugePagePool, PoolPage, PrezeroError};
 pub struct PrezeroArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Runs per mode (medians; at least 7 for the record).
-    #[arg(long, default_value_t = 9)]
-    pub runs: usize,
-    /// 2 MiB pages in the pool.
-    #[arg(long, default_value_t = 512)]
-    pub pages: u64,
-    /// Time between the last write of the memory and the timed allocation, all modes.
-    #[arg(long, default_value_t = 200)]
-    pub gap_ms: u64,
+    /// Runs per mode (medians; at least 7 for the record) [default: 9; --quick: 5].
+    #[arg(long, value_parser = super::at_least_one)]
+    pub runs: Option<usize>,
+    /// 2 MiB pages in the pool, at most 65536 (128 GiB) [default: 512; --quick: 64].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub pages: Option<u64>,
+    /// Milliseconds between the last write of the memory and the timed allocation, all
+    /// modes [default: 200; --quick: 20].
+    #[arg(long, value_parser = super::millis)]
+    pub gap_ms: Option<u64>,
 }
 
 /// The seed's figures: 64 × 1 GiB hugetlb pages faulted in ~16 s without pre-zeroing,
@@ -275,12 +276,10 @@ fn run_backing(
 /// Runs the benchmark.
 pub fn run(args: &PrezeroArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let (pages, runs, gap) = if quick {
-        let gap = Duration::from_millis(args.gap_ms.min(20));
-        (args.pages.min(64), args.runs.min(5), gap)
-    } else {
-        (args.pages, args.runs, Duration::from_millis(args.gap_ms))
-    };
+    let c = args.common;
+    let pages = c.pick(args.pages, 64, 512);
+    let runs = c.pick(args.runs, 5, 9);
+    let gap = Duration::from_millis(c.pick(args.gap_ms, 20, 200));
     let thp = run_backing(BackingKind::Anonymous { thp: true }, pages, runs, gap, true)?
         .map_err(|e| format!("THP pool: {e}"))?;
     let available = HugetlbPoolCounters::read(2 << 20).map_or(0, |p| p.available());

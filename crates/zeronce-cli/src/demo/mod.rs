@@ -7,40 +7,14 @@
 //! never left (reporting off) is timed beside it. Figures here are one run, for show;
 //! `zeronce bench …` measures the claims with medians.
 
+mod args;
 mod vm;
 
-use clap::{Args, ValueEnum};
+pub use args::DemoArgs;
+use args::{DemoMode, Plan};
 use std::time::{Duration, Instant};
-use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::{AllocRequest, Stats, Zeroing};
-use zeronce::{BudgetPolicy, Order, PageBlock, ProcessMemory, ReportingSetup, VmMemory};
-
-/// Arguments of `zeronce demo`.
-#[derive(Args, Debug)]
-pub struct DemoArgs {
-    /// Size of the managed memory, MiB.
-    #[arg(long, default_value_t = 1024)]
-    size_mib: usize,
-    /// Working set written, freed and allocated again, MiB (a multiple of 2).
-    #[arg(long, default_value_t = 256)]
-    working_set_mib: usize,
-    /// What backs the memory (VM mode needs a file the device can map: anon means memfd).
-    #[arg(long, value_enum, default_value_t = DemoBacking::Anon)]
-    backing: DemoBacking,
-    /// Who the host is: this process's kernel, or a virtio-balloon device in a thread.
-    #[arg(long, value_enum, default_value_t = DemoMode::Process)]
-    mode: DemoMode,
-}
-
-/// Who receives the reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum DemoMode {
-    /// Process mode: the Linux kernel discards the process's memory.
-    Process,
-    /// VM mode: a virtio-balloon driver reports over split virtqueues in guest RAM to the
-    /// device in a thread of this process, which punches holes in the shared memfd.
-    Vm,
-}
+use zeronce::{Order, PageBlock, ProcessMemory, VmMemory};
 
 /// What the demo steps need from process or VM memory.
 trait DemoMemory {
@@ -66,54 +40,25 @@ impl DemoMemory for VmMemory {
     }
 }
 
-/// Backing of the demo's memory.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum DemoBacking {
-    /// Private anonymous memory with THP (discard: MADV_DONTNEED).
-    Anon,
-    /// A shared memfd (discard: punch hole).
-    Memfd,
-    /// 2 MiB hugetlb pages (needs /proc/sys/vm/nr_hugepages; discard: punch hole).
-    Hugetlb,
-}
-
-impl DemoBacking {
-    fn kind(self) -> BackingKind {
-        match self {
-            DemoBacking::Anon => BackingKind::Anonymous { thp: true },
-            DemoBacking::Memfd => BackingKind::Memfd,
-            DemoBacking::Hugetlb => BackingKind::Hugetlb(HugePageSize::Size2M),
-        }
-    }
-}
-
 const MIB: usize = 1 << 20;
 
 /// Runs the demo.
 pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if args.working_set_mib == 0 || !args.working_set_mib.is_multiple_of(2) {
-        return Err("--working-set-mib must be a positive multiple of 2".into());
-    }
-    if args.working_set_mib > args.size_mib {
-        return Err("--working-set-mib must not exceed --size-mib".into());
-    }
+    let plan = args.plan()?;
     match args.mode {
-        DemoMode::Process => run_process(args),
-        DemoMode::Vm => vm::run(args),
+        DemoMode::Process => run_process(args, &plan),
+        DemoMode::Vm => vm::run(args, &plan),
     }
 }
 
-fn run_process(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let order = Order::new(9)?; // 2 MiB blocks: the reporting order
-    let blocks = args.working_set_mib / 2;
-    let mut setup = ReportingSetup::default();
-    // Idle memory is reported in one pass; Linux's budget would take ~16 delays.
-    setup.config.budget = BudgetPolicy::Adaptive;
-    let delay = setup.config.delay;
+fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error>> {
+    let order = Order::new(9)?; // 2 MiB blocks
+    let blocks = plan.blocks;
+    let delay = plan.setup.config.delay;
     let pm = ProcessMemory::builder()
-        .size(args.size_mib * MIB)
-        .backing(args.backing.kind())
-        .reporting(setup)
+        .size(plan.size)
+        .backing(plan.backing)
+        .reporting(plan.setup)
         .build()?;
     println!(
         "zeronce demo: {} MiB of {:?} memory, working set {} MiB in 2 MiB blocks, \
@@ -144,8 +89,8 @@ fn run_process(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The baseline: the same working set on memory that never left (reporting off, sized
     // to the working set so every block is the dirty one just written).
     let resident = ProcessMemory::builder()
-        .size(args.working_set_mib * MIB)
-        .backing(args.backing.kind())
+        .size(plan.working_set)
+        .backing(plan.backing)
         .build()?;
     drop(write_working_set(&resident, order, blocks)?);
     let (theirs, _blocks) = alloc_zeroed_timed(&resident, order, blocks)?;

@@ -6,33 +6,25 @@
 
 use std::time::Duration;
 
-use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
-use zeronce::{BudgetPolicy, Order, VmMemory, VmStats};
+use zeronce::{Order, VmMemory, VmStats};
 
 use super::{
     alloc_zeroed_timed, mib, ms, realloc_zeroed, wait_for_reporter, write_working_set, DemoArgs,
-    DemoBacking, MIB,
+    Plan, MIB,
 };
 
 /// Runs the VM-mode demo.
-pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error>> {
     let order = Order::new(9)?;
-    let blocks = args.working_set_mib / 2;
-    let backing = match args.backing {
-        // The device maps the guest RAM too: anonymous memory becomes a memfd.
-        DemoBacking::Anon | DemoBacking::Memfd => BackingKind::Memfd,
-        DemoBacking::Hugetlb => BackingKind::Hugetlb(HugePageSize::Size2M),
-    };
-    let reporting = ReportingConfig {
-        // Idle memory is reported in one pass; Linux's budget would take ~16 delays.
-        budget: BudgetPolicy::Adaptive,
-        ..ReportingConfig::default()
-    };
+    let blocks = plan.blocks;
+    let backing = plan.backing;
+    let reporting = plan.setup.config;
     let vm = VmMemory::builder()
-        .size(args.size_mib * MIB)
+        .size(plan.size)
         .backing(backing)
         .reporting(reporting)
+        .zero_hints(plan.setup.zero_hints)
         .build()?;
     let (ring_gpa, ring_len) = vm.ring_area();
     println!(
@@ -79,7 +71,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The baseline: a device without DEVICE_INIT_REPORTED. It discards just the same, but
     // promises nothing, so every reported block is zeroed again on allocation.
     let plain = VmMemory::builder()
-        .size(args.working_set_mib * MIB + 4 * MIB)
+        .size(plan.working_set + 4 * MIB)
         .backing(backing)
         // Small on purpose (every block is the one just written): no watermark gate.
         .reporting(ReportingConfig {

@@ -1,0 +1,119 @@
+//! Bad input to the `zeronce` program: each case exits non-zero at once with one line on
+//! stderr naming the problem (never a panic, never exit 0 with a table of zeros), and
+//! `--quick` does not override a flag given explicitly.
+
+use std::process::{Command, Output};
+
+fn zeronce(args: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(args.split_whitespace())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the zeronce binary")
+}
+
+/// Runs `args`, expects exit code `code` and exactly one line on stderr containing `msg`.
+fn refused(args: &str, code: i32, msg: &str) {
+    let out = zeronce(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "`zeronce {args}`: {stderr}");
+    assert!(
+        stderr.contains(msg),
+        "`zeronce {args}`: stderr lacks {msg:?}: {stderr}"
+    );
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "`zeronce {args}`: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "`zeronce {args}`: {stderr}");
+    assert!(out.stdout.is_empty(), "`zeronce {args}` printed results");
+}
+
+#[test]
+fn zero_runs_rounds_and_repetitions_are_refused() {
+    refused(
+        "bench prezero --runs 0",
+        2,
+        "'--runs <RUNS>': must be at least 1",
+    );
+    refused(
+        "bench alloc-once --runs 0",
+        2,
+        "'--runs <RUNS>': must be at least 1",
+    );
+    refused(
+        "bench churn --rounds 0",
+        2,
+        "'--rounds <ROUNDS>': must be at least 1",
+    );
+    refused("bench prezero --pages 0", 2, "'--pages <PAGES>'");
+}
+
+#[test]
+fn trial_times_that_are_not_finite_are_refused() {
+    for bad in ["NaN", "inf", "-1", "0", "1e300"] {
+        refused(
+            &format!("bench churn --trial-s {bad}"),
+            2,
+            "greater than 0 and at most 3600",
+        );
+    }
+}
+
+#[test]
+fn sizes_that_overflow_are_refused() {
+    refused(
+        "demo --size-mib 17592186044416 --working-set-mib 2",
+        2,
+        "too large",
+    );
+    refused("demo --size-mib 18446744073709551616", 2, "--size-mib");
+}
+
+#[test]
+fn sizes_too_small_to_show_reporting_are_refused_up_front() {
+    refused(
+        "demo --size-mib 2 --working-set-mib 2",
+        2,
+        "too small to show reporting",
+    );
+    refused("demo --working-set-mib 3", 2, "positive multiple of 2");
+    refused(
+        "demo --size-mib 64 --working-set-mib 128",
+        2,
+        "must not exceed",
+    );
+}
+
+#[test]
+fn a_working_set_the_vm_cannot_hold_is_refused_up_front() {
+    refused(
+        "demo --mode vm --size-mib 256 --working-set-mib 256",
+        2,
+        "does not fit",
+    );
+    refused("demo --mode vm --host lazy", 2, "process mode");
+}
+
+#[test]
+fn unknown_commands_and_values_are_one_line() {
+    refused("bench nosuch", 2, "unrecognized subcommand");
+    refused("demo --budget sometimes", 2, "--budget");
+    refused("demo --reporting-order 11", 2, "--reporting-order");
+}
+
+#[test]
+fn quick_keeps_explicit_flags() {
+    let out = zeronce("bench prezero --quick --pages 2 --runs 6 --gap-ms 0 --json");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(v["runs"], 6, "--runs 6 given with --quick (quick alone: 5)");
+    assert_eq!(v["pages"], 2);
+    assert_eq!(v["gap_ms"], 0);
+}

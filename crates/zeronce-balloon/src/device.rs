@@ -152,6 +152,15 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.config.set_num_pages(target);
     }
 
+    /// Queue `index` of an active device (e.g. for a vhost-user back-end answering
+    /// `GET_VRING_BASE` with the device's own `next_avail`).
+    pub fn queue(&self, index: u16) -> Option<&Queue> {
+        match &self.state {
+            State::Active { queues, .. } => queues.get(usize::from(index)),
+            _ => None,
+        }
+    }
+
     /// Whether the device is activated (DRIVER_OK).
     pub fn is_active(&self) -> bool {
         matches!(self.state, State::Active { .. })

@@ -1,0 +1,313 @@
+//! [`BalloonBackend`]: the [`BalloonDevice`] behind rust-vmm `vhost-user-backend`'s
+//! [`VhostUserBackend`] trait, one per front-end connection.
+//!
+//! `vhost-user-backend` keeps its own copy of each virtqueue's addresses and indices; the
+//! device owns the queues it serves. At the first notification after the rings are set
+//! up, the backend copies each ring's addresses and indices into the device's queues
+//! ([`BalloonDevice::activate`]); from then on only the device moves them, and
+//! `GET_VRING_BASE` gets the device's `next_avail` back ([`VhostUserBackend::stop_vring`]).
+//! Used-buffer interrupts go through the framework's call descriptors; configuration
+//! changes go as `CONFIG_CHANGE_MSG` on the back-end request channel the relay kept.
+
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use zeronce_balloon::{
+    BalloonDevice, BalloonError, BalloonOptions, FeatureSet, InterruptSignal, MmapDiscarder,
+};
+
+use crate::relay::BackendChannelSlot;
+use crate::wire;
+
+/// Guest memory as `vhost-user-backend` hands it over.
+pub type Memory = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES` (bit 30): a vhost-user bit, not a balloon feature.
+pub const PROTOCOL_FEATURES_BIT: u64 = 1 << 30;
+
+/// The largest queue the back-end accepts (Linux `virtio_uml` always asks for 256).
+pub const MAX_QUEUE_SIZE: usize = 1024;
+
+/// The vhost-user protocol features spoken: acknowledged replies, the back-end request
+/// channel (for `CONFIG_CHANGE_MSG`) and the configuration space messages.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::CONFIG
+}
+
+/// The device's interrupts over vhost-user.
+struct Irq {
+    vrings: Mutex<Vec<VringRwLock>>,
+    channel: BackendChannelSlot,
+}
+
+impl InterruptSignal for Irq {
+    fn signal_used_queue(&self, queue_index: u16) {
+        let vrings = self.vrings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = vrings.get(usize::from(queue_index)) {
+            if let Err(e) = v.signal_used_queue() {
+                tracing::warn!(queue_index, error = %e, "cannot signal the front-end");
+            }
+        }
+    }
+
+    fn signal_config_change(&self) {
+        let mut slot = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(sock) = slot.as_mut() else {
+            tracing::debug!("no back-end request channel: the guest sees the target at its next config read");
+            return;
+        };
+        if let Err(e) = sock.write_all(&wire::config_change_msg()) {
+            tracing::warn!(error = %e, "cannot send CONFIG_CHANGE_MSG");
+        }
+    }
+}
+
+type Device = BalloonDevice<MmapDiscarder, Arc<Irq>>;
+
+struct State {
+    dev: Device,
+    mem: Option<Memory>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    irq: Arc<Irq>,
+    num_queues: usize,
+}
+
+/// The balloon device as a vhost-user back-end (cheap to clone: one shared device).
+#[derive(Clone)]
+pub struct BalloonBackend {
+    inner: Arc<Inner>,
+}
+
+/// Access to the device of a running back-end, for the control socket.
+pub struct DeviceGuard<'a> {
+    state: MutexGuard<'a, State>,
+}
+
+impl DeviceGuard<'_> {
+    /// The device.
+    pub fn device(&mut self) -> &mut BalloonDevice<MmapDiscarder, impl InterruptSignal> {
+        &mut self.state.dev
+    }
+
+    /// Returns the held statistics buffer so that the guest sends fresh statistics.
+    pub fn request_stats(&mut self) -> Result<bool, BalloonError> {
+        let Some(mem) = self.state.mem.as_ref().map(GuestAddressSpace::memory) else {
+            return Ok(false);
+        };
+        self.state.dev.request_stats(&*mem)
+    }
+}
+
+impl BalloonBackend {
+    /// A back-end serving a fresh device with `options`, its target set to `num_pages`,
+    /// sending configuration changes on the channel the relay stores in `channel`.
+    pub fn new(options: BalloonOptions, num_pages: u32, channel: BackendChannelSlot) -> Self {
+        let irq = Arc::new(Irq {
+            vrings: Mutex::new(Vec::new()),
+            channel,
+        });
+        let mut dev = BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
+        // Before the driver is there: nothing to notify, the first config read sees it.
+        dev.reset();
+        let num_queues = dev.max_queues();
+        let backend = BalloonBackend {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State { dev, mem: None }),
+                irq,
+                num_queues,
+            }),
+        };
+        backend.set_initial_target(num_pages);
+        backend
+    }
+
+    fn set_initial_target(&self, num_pages: u32) {
+        let mut g = self.lock();
+        if num_pages != 0 {
+            // No channel yet: this only sets the field.
+            g.state.dev.set_num_pages(num_pages);
+        }
+    }
+
+    /// Locks the device.
+    pub fn lock(&self) -> DeviceGuard<'_> {
+        DeviceGuard {
+            state: self.inner.state.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// Copies the framework's rings into device queues and activates the device.
+    fn activate(&self, st: &mut State, vrings: &[VringRwLock]) -> Result<(), String> {
+        let neg = st
+            .dev
+            .negotiated()
+            .ok_or("queue notification before SET_FEATURES")?;
+        let layout = neg.layout();
+        let mut queues = Vec::with_capacity(layout.len());
+        for (index, vring) in vrings.iter().enumerate().take(layout.len()) {
+            let g = vring.get_ref();
+            let q = g.get_queue();
+            if !q.ready() {
+                return Err(format!("queue {index} not set up yet"));
+            }
+            queues.push(copy_queue(q).ok_or(format!("queue {index}: bad size"))?);
+        }
+        if queues.len() != layout.len() {
+            return Err(format!(
+                "{} rings for {} queues",
+                queues.len(),
+                layout.len()
+            ));
+        }
+        st.dev.activate(queues).map_err(|e| e.to_string())?;
+        *self.inner.irq.vrings.lock().unwrap_or_else(|p| p.into_inner()) = vrings.to_vec();
+        tracing::info!(?neg, "balloon device active");
+        Ok(())
+    }
+}
+
+/// A device-side copy of a ring the framework set up (addresses, size, indices).
+fn copy_queue(q: &Queue) -> Option<Queue> {
+    let mut c = Queue::new(q.max_size()).ok()?;
+    c.set_size(q.size());
+    let split = |a: u64| (Some(a as u32), Some((a >> 32) as u32));
+    let (lo, hi) = split(q.desc_table());
+    c.set_desc_table_address(lo, hi);
+    let (lo, hi) = split(q.avail_ring());
+    c.set_avail_ring_address(lo, hi);
+    let (lo, hi) = split(q.used_ring());
+    c.set_used_ring_address(lo, hi);
+    c.set_next_avail(q.next_avail());
+    c.set_next_used(q.next_used());
+    c.set_ready(true);
+    Some(c)
+}
+
+impl VhostUserBackend for BalloonBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.inner.num_queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        self.lock().state.dev.device_features().bits() | PROTOCOL_FEATURES_BIT
+    }
+
+    fn acked_features(&self, features: u64) {
+        let acked = FeatureSet::from_bits(features & !PROTOCOL_FEATURES_BIT);
+        if let Err(e) = self.lock().state.dev.ack_features(acked) {
+            tracing::warn!(error = %e, "feature acknowledgement refused");
+        }
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    fn reset_device(&self) {
+        self.lock().state.dev.reset();
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {
+        // EVENT_IDX is never offered.
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let mut buf = vec![0u8; size as usize];
+        match self.lock().state.dev.read_config(u64::from(offset), &mut buf) {
+            Ok(()) => buf,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
+        self.lock()
+            .state
+            .dev
+            .write_config(u64::from(offset), buf)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+    }
+
+    fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        self.lock().state.mem = Some(mem);
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
+            .map_err(|e| tracing::error!(error = %e, "no exit event for the vring thread"))
+            .ok()
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let mut g = self.lock();
+        let index = u16::try_from(queue_index).unwrap_or(u16::MAX);
+        let next_avail = g.state.dev.queue(index).map(QueueT::next_avail);
+        if let Some(next_avail) = next_avail {
+            let vrings = self.inner.irq.vrings.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = vrings.get(usize::from(index)) {
+                v.set_queue_next_avail(next_avail);
+            }
+            drop(vrings);
+            // The device serves all its queues or none: stopping one stops the device;
+            // the next notification after the rings are set up again reactivates it.
+            g.state.dev.reset();
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if usize::from(device_event) >= self.inner.num_queues {
+            return Ok(());
+        }
+        let mut g = self.lock();
+        let st = &mut *g.state;
+        let Some(mem) = st.mem.as_ref().map(GuestAddressSpace::memory) else {
+            tracing::warn!("notification before SET_MEM_TABLE");
+            return Ok(());
+        };
+        let queues = if st.dev.is_active() {
+            device_event..device_event + 1
+        } else {
+            if let Err(e) = self.activate(st, vrings) {
+                // Not an error of the guest's: a ring enabled before its siblings are
+                // set up. The notification is served at activation.
+                tracing::debug!(queue = device_event, error = %e, "not active yet");
+                return Ok(());
+            }
+            // Notifications that came before activation were not served: serve every queue.
+            0..st.dev.layout().map_or(0, |l| l.len() as u16)
+        };
+        for index in queues {
+            // Errors are logged and counted by the device; a broken request never stops
+            // the queue thread.
+            if let Err(e) = st.dev.process_queue(&*mem, index) {
+                tracing::debug!(queue = index, error = %e, "queue notification refused");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! The command-line verbs `serve` and `balloon`, shared by the `zeronce` program and this
+//! crate's own `zeronce-vhost` binary (one definition, two front doors).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+use zeronce_balloon::{BalloonOptions, FeatureOffer};
+
+use crate::control;
+use crate::server::{self, ServeConfig};
+
+/// `serve`: run the balloon device as a vhost-user back-end.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The vhost-user socket to listen on (the front-end connects to it; must not exist).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The control socket (default: SOCKET.ctl).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Initial balloon target, e.g. 0, 512M, 1G (a multiple of 4 KiB).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub target: u64,
+    /// Offer DEFLATE_ON_OOM: the guest may take balloon pages back under memory pressure,
+    /// and its MemTotal then does not shrink with the balloon.
+    #[arg(long)]
+    pub deflate_on_oom: bool,
+    /// Never promise zeroed memory (bits 6/7 not offered), e.g. for confidential guests.
+    #[arg(long)]
+    pub no_zero_hints: bool,
+}
+
+/// `balloon`: talk to a running `serve` through its control socket.
+#[derive(Args, Debug, Clone)]
+pub struct BalloonArgs {
+    /// The control socket of the daemon.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: BalloonAction,
+}
+
+/// A control action.
+#[derive(Subcommand, Debug, Clone)]
+pub enum BalloonAction {
+    /// Set the balloon target, e.g. `set 512M` (a multiple of 4 KiB; 0 deflates fully).
+    Set {
+        /// The size.
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+    /// Print the daemon's state, counters and the guest's last statistics (JSON).
+    Status,
+    /// Ask the guest for fresh statistics, then print them with the status (JSON).
+    Stats,
+}
+
+/// Parses `123`, `4K`, `512M`, `2G` (binary units) into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        Some((i, 't' | 'T')) => (&s[..i], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a size like 4096, 512M or 1G"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// A size in bytes as a 4 KiB page count.
+pub fn pages(bytes: u64) -> Result<u32, String> {
+    if bytes % 4096 != 0 {
+        return Err(format!("{bytes} bytes is not a multiple of 4 KiB"));
+    }
+    u32::try_from(bytes / 4096).map_err(|_| format!("{bytes} bytes: at most 2^32 - 1 pages"))
+}
+
+/// Runs `serve` until SIGINT / SIGTERM.
+pub fn serve(args: &ServeArgs) -> Result<(), String> {
+    let control = args.control.clone().unwrap_or_else(|| {
+        let mut p = args.socket.clone().into_os_string();
+        p.push(".ctl");
+        PathBuf::from(p)
+    });
+    let offer = FeatureOffer {
+        deflate_on_oom: args.deflate_on_oom,
+        // A guest that does not poison drops PAGE_POISON, and Linux virtio_uml then
+        // re-sends SET_FEATURES without the vhost-user protocol bit.
+        page_poison: false,
+        ..FeatureOffer::default()
+    };
+    let config = ServeConfig {
+        socket: args.socket.clone(),
+        control: control.clone(),
+        balloon: BalloonOptions {
+            offer,
+            zero_promises: !args.no_zero_hints,
+            ..BalloonOptions::default()
+        },
+        num_pages: pages(args.target)?,
+    };
+    server::serve(config, |_| {
+        println!(
+            "zeronce serve: listening on {} (control {})",
+            args.socket.display(),
+            control.display()
+        );
+        let _ = std::io::stdout().flush();
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Runs one `balloon` action and prints the answer.
+pub fn balloon(args: &BalloonArgs) -> Result<(), String> {
+    let req = match &args.action {
+        BalloonAction::Set { size } => json!({"op": "set", "pages": pages(*size)?}),
+        BalloonAction::Status => json!({"op": "status"}),
+        BalloonAction::Stats => json!({"op": "stats"}),
+    };
+    let answer = control::request(&args.socket, &req).map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&answer).unwrap_or_default()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units_and_must_be_whole_pages() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12Q").is_err() && parse_size("").is_err());
+        assert_eq!(pages(512 << 20), Ok(131072));
+        assert!(pages(4097).is_err());
+        assert!(pages(1 << 44).is_err());
+    }
+}

@@ -1,0 +1,224 @@
+//! The control socket: one JSON object per line in each direction.
+//!
+//! | request | effect | answer |
+//! |---|---|---|
+//! | `{"op":"set","pages":N}` | target `num_pages` = N (4 KiB pages); the guest is told (`CONFIG_CHANGE_MSG`) | `{"ok":true,"num_pages":N}` |
+//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
+//! | `{"op":"stats","timeout_ms":T}` | asks the guest for fresh statistics, waits up to T ms for them | the status, with `"fresh":true/false` |
+//!
+//! A bad request gets `{"ok":false,"error":"…"}` and the connection stays usable.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use thiserror::Error;
+use zeronce_balloon::{BalloonMetrics, GuestStats};
+
+use crate::server::Hub;
+
+/// Longest request line accepted.
+const MAX_LINE: usize = 4096;
+/// Longest wait for fresh statistics.
+const MAX_STATS_WAIT: Duration = Duration::from_secs(30);
+
+/// Serves control connections until the hub stops.
+pub fn serve(hub: &Arc<Hub>, listener: &UnixListener) {
+    loop {
+        match listener.accept() {
+            Ok((s, _)) if !hub.stopping() => {
+                let hub = Arc::clone(hub);
+                let spawned = std::thread::Builder::new()
+                    .name("zeronce-control-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = connection(&hub, s) {
+                            tracing::debug!(error = %e, "control connection ended");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot serve a control connection");
+                }
+            }
+            _ if hub.stopping() => return,
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "control accept failed"),
+        }
+    }
+}
+
+fn connection(hub: &Hub, s: UnixStream) -> io::Result<()> {
+    let mut out = s.try_clone()?;
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut reader).take(MAX_LINE as u64 + 1).read_line(&mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let answer = if n > MAX_LINE {
+            error("request line too long")
+        } else {
+            match serde_json::from_str::<Value>(&line) {
+                Ok(req) => handle(hub, &req),
+                Err(e) => error(&format!("not JSON: {e}")),
+            }
+        };
+        writeln!(out, "{answer}")?;
+        if n > MAX_LINE {
+            return Ok(());
+        }
+    }
+}
+
+fn error(msg: &str) -> Value {
+    json!({"ok": false, "error": msg})
+}
+
+/// Answers one request.
+pub fn handle(hub: &Hub, req: &Value) -> Value {
+    match req.get("op").and_then(Value::as_str) {
+        Some("set") => {
+            let Some(pages) = req
+                .get("pages")
+                .and_then(Value::as_u64)
+                .and_then(|p| u32::try_from(p).ok())
+            else {
+                return error("set needs \"pages\": a 4 KiB page count below 2^32");
+            };
+            hub.set_target(pages);
+            json!({"ok": true, "num_pages": pages})
+        }
+        Some("status") => status(hub, None),
+        Some("stats") => {
+            let wait = req
+                .get("timeout_ms")
+                .and_then(Value::as_u64)
+                .map_or(Duration::from_secs(2), Duration::from_millis)
+                .min(MAX_STATS_WAIT);
+            let fresh = fresh_stats(hub, wait);
+            status(hub, Some(fresh))
+        }
+        Some(op) => error(&format!("unknown op {op:?} (set, status, stats)")),
+        None => error("missing \"op\""),
+    }
+}
+
+/// Asks the guest for statistics and waits until they arrive or `wait` passes.
+fn fresh_stats(hub: &Hub, wait: Duration) -> bool {
+    let Some(backend) = hub.backend() else {
+        return false;
+    };
+    let before = {
+        let mut g = backend.lock();
+        let before = g.device().stats().updates();
+        match g.request_stats() {
+            Ok(true) => before,
+            Ok(false) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, "statistics request failed");
+                return false;
+            }
+        }
+    };
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        if backend.lock().device().stats().updates() > before {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+fn status(hub: &Hub, fresh: Option<bool>) -> Value {
+    let mut v = json!({
+        "ok": true,
+        "connected": false,
+        "connections": hub.connections(),
+        "num_pages": hub.target(),
+    });
+    if let Some(backend) = hub.backend() {
+        let mut g = backend.lock();
+        let dev = g.device();
+        v["connected"] = json!(true);
+        v["actual"] = json!(dev.config().actual());
+        v["features"] = json!(dev.negotiated().map(|n| n.features().bits()));
+        v["metrics"] = metrics(&dev.metrics());
+        v["stats"] = stats(dev.stats());
+    }
+    if let Some(fresh) = fresh {
+        v["fresh"] = json!(fresh);
+    }
+    v
+}
+
+/// The device counters; `balloon_inflate` / `balloon_deflate` as Linux names the same
+/// counts in /proc/vmstat.
+pub fn metrics(m: &BalloonMetrics) -> Value {
+    json!({
+        "balloon_inflate": m.pages_inflated.get(),
+        "balloon_deflate": m.pages_deflated.get(),
+        "pages_reported": m.pages_reported.get(),
+        "bytes_discarded": m.bytes_discarded.get(),
+        "zero_promises": m.zero_promises.get(),
+        "discard_errors": m.discard_errors.get(),
+        "reports_skipped_poison": m.reports_skipped_poison.get(),
+        "stats_updates": m.stats_updates.get(),
+        "config_changes": m.config_changes.get(),
+        "malformed": m.malformed_total(),
+    })
+}
+
+fn stats(s: &GuestStats) -> Value {
+    let map: Map<String, Value> = s
+        .named()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), json!(v)))
+        .collect();
+    Value::Object(map)
+}
+
+/// A control client error.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// The socket could not be reached.
+    #[error("{path}: {source}")]
+    Connect {
+        /// The control socket.
+        path: String,
+        /// The error.
+        source: io::Error,
+    },
+    /// The exchange failed.
+    #[error("control socket: {0}")]
+    Io(#[from] io::Error),
+    /// The daemon answered something that is not JSON.
+    #[error("control socket: bad answer: {0}")]
+    BadAnswer(String),
+    /// The daemon refused the request.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Sends one request to the daemon at `path` and returns its answer (`ok` true).
+pub fn request(path: &Path, req: &Value) -> Result<Value, ControlError> {
+    let s = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.display().to_string(),
+        source,
+    })?;
+    writeln!(&s, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    let v: Value =
+        serde_json::from_str(&line).map_err(|_| ControlError::BadAnswer(line.clone()))?;
+    if v.get("ok") == Some(&Value::Bool(true)) {
+        Ok(v)
+    } else {
+        let msg = v.get("error").and_then(Value::as_str).unwrap_or("?");
+        Err(ControlError::Refused(msg.to_owned()))
+    }
+}

@@ -1,0 +1,175 @@
+//! The normalising relay between a front-end's connection and rust-vmm's request handler.
+//!
+//! rust-vmm `vhost-user-backend` serves a connection it accepts itself; the daemon puts
+//! a relay in between so that it can (a) bring front-end messages into the form `vhost`
+//! 0.18 accepts ([`crate::wire::normalize`]) and (b) keep its own handle on the back-end
+//! request channel (`SET_BACKEND_REQ_FD`), on which it sends `CONFIG_CHANGE_MSG`, a
+//! message `vhost`'s `Backend` cannot send. Front-end to back-end messages are parsed
+//! (header, file descriptors, payload) and forwarded; replies go back byte for byte
+//! (the back-end sends no file descriptors for the features the daemon offers).
+//!
+//! Only control messages pass here: queue notifications and interrupts travel on the
+//! eventfds / pipes the front-end hands over, directly between the two processes.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::net::Shutdown;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+use crate::wire::{self, Header, Normalized, HEADER_SIZE, MAX_REGIONS};
+
+/// One front-end message with the file descriptors that came with it.
+#[derive(Debug)]
+pub struct Message {
+    /// The header (its size equals `payload.len()`).
+    pub header: Header,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// File descriptors received with the header.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one message; `Ok(None)` on end of stream before a header.
+pub fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
+    let mut head = [0u8; HEADER_SIZE];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < HEADER_SIZE {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_REGIONS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(&mut head[got..])];
+        let r = match recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
+            }
+        }
+        if r.bytes == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += r.bytes;
+    }
+    let header = Header::decode(&head);
+    wire::check_header(&header).map_err(io::Error::other)?;
+    let mut payload = vec![0u8; header.size as usize];
+    (&*sock).read_exact(&mut payload)?;
+    Ok(Some(Message {
+        header,
+        payload,
+        fds,
+    }))
+}
+
+/// Sends one message (header, payload, file descriptors) in one `sendmsg`.
+pub fn send_message(
+    sock: &UnixStream,
+    header: &Header,
+    payload: &[u8],
+    fds: &[OwnedFd],
+) -> io::Result<()> {
+    let head = header.encode();
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_REGIONS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !borrowed.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::other("too many file descriptors in one message"));
+    }
+    let iov = [IoSlice::new(&head), IoSlice::new(payload)];
+    let total = head.len() + payload.len();
+    let sent = sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL)?;
+    // The descriptors went with the first byte; the rest is plain data.
+    let mut rest = Vec::with_capacity(total - sent);
+    rest.extend_from_slice(&head[sent.min(HEADER_SIZE)..]);
+    rest.extend_from_slice(&payload[sent.saturating_sub(HEADER_SIZE)..]);
+    (&*sock).write_all(&rest)
+}
+
+/// Where the relay puts the back-end request channel when the front-end sends it.
+pub type BackendChannelSlot = Arc<Mutex<Option<UnixStream>>>;
+
+/// A running relay; ends when either side closes.
+#[derive(Debug)]
+pub struct Relay {
+    frontend: UnixStream,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Relays between `frontend` (the front-end's connection) and `backend` (the
+    /// handler's end), storing a duplicate of the back-end request channel in `slot`.
+    pub fn start(
+        frontend: UnixStream,
+        backend: UnixStream,
+        slot: BackendChannelSlot,
+    ) -> io::Result<Relay> {
+        let (f_in, b_out) = (frontend.try_clone()?, backend.try_clone()?);
+        let (f_out, b_in) = (frontend.try_clone()?, backend);
+        let forward = std::thread::Builder::new()
+            .name("vhost-relay-in".into())
+            .spawn(move || {
+                if let Err(e) = forward(&f_in, &b_out, &slot) {
+                    tracing::info!(error = %e, "front-end connection ended");
+                }
+                let _ = b_out.shutdown(Shutdown::Both);
+                let _ = f_in.shutdown(Shutdown::Read);
+            })?;
+        let back = std::thread::Builder::new()
+            .name("vhost-relay-out".into())
+            .spawn(move || {
+                let _ = io::copy(&mut &b_in, &mut &f_out);
+                let _ = f_out.shutdown(Shutdown::Both);
+            })?;
+        Ok(Relay {
+            frontend,
+            threads: vec![forward, back],
+        })
+    }
+
+    /// Closes the front-end connection (the relay then ends).
+    pub fn shutdown(&self) {
+        let _ = self.frontend.shutdown(Shutdown::Both);
+    }
+
+    /// Waits for both directions to end.
+    pub fn join(self) {
+        for t in self.threads {
+            if t.join().is_err() {
+                tracing::error!("a relay thread panicked");
+            }
+        }
+    }
+}
+
+/// Front-end to handler: parse, normalise, note the back-end channel, forward.
+fn forward(from: &UnixStream, to: &UnixStream, slot: &BackendChannelSlot) -> io::Result<()> {
+    while let Some(mut m) = recv_message(from)? {
+        if let Normalized::MemTableTrimmed { from, to } = wire::normalize(&mut m.header, &mut m.payload)
+        {
+            tracing::debug!(from, to, "SET_MEM_TABLE: unused region slots cut");
+        }
+        if m.header.request == wire::SET_BACKEND_REQ_FD {
+            if let Some(fd) = m.fds.first() {
+                let own = UnixStream::from(fd.try_clone()?);
+                own.set_write_timeout(Some(std::time::Duration::from_secs(1)))?;
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(own);
+            }
+        }
+        send_message(to, &m.header, &m.payload, &m.fds)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! The daemon: listens on the vhost-user socket, serves one front-end connection at a
+//! time with a fresh [`BalloonBackend`], waits for the next one after a disconnect, and
+//! stops cleanly on SIGINT / SIGTERM (or [`Hub::stop`]).
+
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use zeronce_balloon::BalloonOptions;
+
+use crate::backend::BalloonBackend;
+use crate::control;
+use crate::path::{BoundSocket, SocketPathError};
+use crate::relay::Relay;
+
+/// What `zeronce serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The vhost-user socket the front-end connects to.
+    pub socket: PathBuf,
+    /// The control socket.
+    pub control: PathBuf,
+    /// Device options (features offered, discard policy).
+    pub balloon: BalloonOptions,
+    /// The initial target (`num_pages`, 4 KiB pages).
+    pub num_pages: u32,
+}
+
+/// Why the daemon could not start or stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// A socket path cannot be used.
+    #[error(transparent)]
+    Path(#[from] SocketPathError),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServeError {
+    move |source| ServeError::Io { what, source }
+}
+
+/// The connection being served.
+struct Session {
+    backend: BalloonBackend,
+    frontend: UnixStream,
+}
+
+/// State shared by the accept loop, the control socket and the signal thread.
+pub struct Hub {
+    config: ServeConfig,
+    target: AtomicU32,
+    connections: AtomicU64,
+    stopping: AtomicBool,
+    current: Mutex<Option<Session>>,
+    listeners: Mutex<Vec<UnixListener>>,
+}
+
+impl Hub {
+    fn new(config: ServeConfig) -> Hub {
+        Hub {
+            target: AtomicU32::new(config.num_pages),
+            config,
+            connections: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            current: Mutex::new(None),
+            listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Stops the daemon: no new connections, the current one is closed.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for l in self.listeners.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            // Wakes a blocked accept() (Linux returns EINVAL to it).
+            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
+        }
+        if let Some(s) = self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = s.frontend.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Whether [`Hub::stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Front-end connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// The target in 4 KiB pages.
+    pub fn target(&self) -> u32 {
+        self.target.load(Ordering::SeqCst)
+    }
+
+    /// Sets the target; a connected guest is told at once.
+    pub fn set_target(&self, pages: u32) {
+        self.target.store(pages, Ordering::SeqCst);
+        if let Some(backend) = self.backend() {
+            backend.lock().device().set_num_pages(pages);
+        }
+    }
+
+    /// The back-end of the connected front-end, if any.
+    pub fn backend(&self) -> Option<BalloonBackend> {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.backend.clone())
+    }
+
+    fn listen(&self, l: &UnixListener) -> io::Result<()> {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner()).push(l.try_clone()?);
+        Ok(())
+    }
+}
+
+/// Runs the daemon until it is stopped; `ready` is called once both sockets listen.
+pub fn serve(config: ServeConfig, ready: impl FnOnce(&Arc<Hub>)) -> Result<(), ServeError> {
+    let vhost = BoundSocket::bind(&config.socket)?;
+    let ctl = BoundSocket::bind(&config.control)?;
+    let hub = Arc::new(Hub::new(config));
+    hub.listen(vhost.listener()).map_err(io_err("socket"))?;
+    hub.listen(ctl.listener()).map_err(io_err("control socket"))?;
+    let signals = watch_signals(&hub)?;
+    let control_thread = {
+        let hub = Arc::clone(&hub);
+        let listener = ctl.listener().try_clone().map_err(io_err("control socket"))?;
+        std::thread::Builder::new()
+            .name("zeronce-control".into())
+            .spawn(move || control::serve(&hub, &listener))
+            .map_err(io_err("control thread"))?
+    };
+    ready(&hub);
+    let result = accept_loop(&hub, vhost.listener());
+    hub.stop();
+    signals.close();
+    if control_thread.join().is_err() {
+        tracing::error!("the control thread panicked");
+    }
+    result
+}
+
+fn watch_signals(hub: &Arc<Hub>) -> Result<signal_hook::iterator::Handle, ServeError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(io_err("signals"))?;
+    let handle = signals.handle();
+    let hub = Arc::clone(hub);
+    std::thread::Builder::new()
+        .name("zeronce-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "stopping");
+                hub.stop();
+            }
+        })
+        .map_err(io_err("signal thread"))?;
+    Ok(handle)
+}
+
+fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError> {
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(_) if hub.stopping() => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ServeError::Io { what: "accept", source: e }),
+        };
+        if hub.stopping() {
+            return Ok(());
+        }
+        let n = hub.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        tracing::info!(connection = n, "front-end connected");
+        match session(hub, stream) {
+            Ok(()) => tracing::info!(connection = n, "front-end disconnected"),
+            Err(e) => tracing::warn!(connection = n, error = %e, "front-end connection failed"),
+        }
+    }
+}
+
+/// Serves one front-end connection to its end.
+fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
+    let slot = Arc::new(Mutex::new(None));
+    let backend = BalloonBackend::new(hub.config.balloon, hub.target(), Arc::clone(&slot));
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::default());
+    let mut daemon = VhostUserDaemon::new("zeronce-balloon".into(), backend.clone(), mem)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let (mut inner_listener, inner) = private_connection()?;
+    let relay = Relay::start(frontend.try_clone()?, inner, slot)?;
+    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Session {
+        backend,
+        frontend,
+    });
+    if hub.stopping() {
+        relay.shutdown();
+    }
+    let result = match daemon.start(&mut inner_listener).and_then(|()| daemon.wait()) {
+        Ok(()) => Ok(()),
+        Err(e) if is_disconnect(&e) || hub.stopping() => Ok(()),
+        Err(e) => Err(io::Error::other(e.to_string())),
+    };
+    for h in daemon.get_epoll_handlers() {
+        h.send_exit_event();
+    }
+    relay.shutdown();
+    relay.join();
+    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    result
+}
+
+/// Whether `e` is the front-end going away (the normal end of a connection).
+fn is_disconnect(e: &vhost_user_backend::Error) -> bool {
+    use vhost::vhost_user::Error as E;
+    matches!(
+        e,
+        vhost_user_backend::Error::HandleRequest(E::Disconnected | E::PartialMessage)
+    )
+}
+
+/// A listener with one connection already waiting, for `VhostUserDaemon::start` (which
+/// serves only connections it accepts itself). The address is in the abstract namespace
+/// (no file), unique to this process, and the listener is dropped right after the one
+/// accept.
+fn private_connection() -> io::Result<(Listener, UnixStream)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "zeronce-vhost/{}/{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    );
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+    let listener = UnixListener::bind_addr(&addr)?;
+    let client = UnixStream::connect_addr(&addr)?;
+    Ok((Listener::from(listener), client))
+}

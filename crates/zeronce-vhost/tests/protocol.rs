@@ -1,0 +1,184 @@
+//! The daemon against a scripted vhost-user front-end speaking raw messages: the 72-byte
+//! `SET_MEM_TABLE` of Linux `virtio_uml` is accepted, the config space answers through
+//! `GET_CONFIG`, a new target set on the control socket arrives as `CONFIG_CHANGE_MSG` on
+//! the back-end channel, and the daemon serves the next front-end after a disconnect.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+
+use serde_json::json;
+use zeronce_balloon::BalloonOptions;
+use zeronce_vhost::relay::{recv_message, send_message};
+use zeronce_vhost::wire::{self, Header};
+use zeronce_vhost::{control, Hub, ServeConfig};
+
+const GET_FEATURES: u32 = 1;
+const SET_FEATURES: u32 = 2;
+const SET_OWNER: u32 = 3;
+const GET_PROTOCOL_FEATURES: u32 = 15;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const GET_CONFIG: u32 = 24;
+const NEED_REPLY: u32 = 0x8;
+const REPLY: u32 = 0x4;
+
+struct Daemon {
+    hub: Arc<Hub>,
+    socket: PathBuf,
+    control: PathBuf,
+    dir: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Daemon {
+    fn start(name: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("vhost.sock");
+        let control = dir.join("ctl.sock");
+        let config = ServeConfig {
+            socket: socket.clone(),
+            control: control.clone(),
+            balloon: BalloonOptions::default(),
+            num_pages: 0,
+        };
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            zeronce_vhost::serve(config, |hub| tx.send(Arc::clone(hub)).unwrap()).unwrap();
+        });
+        let hub = rx.recv().expect("the daemon started");
+        Daemon {
+            hub,
+            socket,
+            control,
+            dir,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.hub.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        assert!(!self.socket.exists(), "the socket is removed at shutdown");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
+    let h = Header {
+        request,
+        flags: wire::VERSION_1 | flags,
+        size: payload.len() as u32,
+    };
+    send_message(s, &h, payload, fds).unwrap();
+}
+
+fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
+    let m = recv_message(s).unwrap().expect("a reply");
+    assert_eq!(m.header.request, request, "reply to the request sent");
+    assert_ne!(m.header.flags & REPLY, 0, "flagged as a reply");
+    m.payload
+}
+
+fn ack(s: &UnixStream, request: u32) -> u64 {
+    u64::from_le_bytes(reply(s, request)[..8].try_into().unwrap())
+}
+
+fn u64_payload(v: u64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+/// `virtio_uml`'s SET_MEM_TABLE: one region, two slots (72 bytes).
+fn uml_mem_table(size: u64) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&1u32.to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for v in [0u64, size, 0x7f00_0000_0000, 0] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p.extend_from_slice(&[0u8; 32]);
+    assert_eq!(p.len(), 72);
+    p
+}
+
+fn num_pages(s: &UnixStream) -> u32 {
+    let mut p = Vec::new();
+    for v in [0u32, 16, 0] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p.extend_from_slice(&[0u8; 16]);
+    send(s, GET_CONFIG, 0, &p, &[]);
+    let r = reply(s, GET_CONFIG);
+    assert_eq!(r.len(), 12 + 16, "offset, size, flags, then the 16-byte config");
+    u32::from_le_bytes(r[12..16].try_into().unwrap())
+}
+
+/// Negotiates like `virtio_uml` does at boot and module load; returns the back-end channel.
+fn handshake(s: &UnixStream) -> UnixStream {
+    send(s, SET_OWNER, 0, &[], &[]);
+    send(s, GET_FEATURES, 0, &[], &[]);
+    let offered = u64::from_le_bytes(reply(s, GET_FEATURES)[..8].try_into().unwrap());
+    assert_ne!(offered & (1 << 30), 0, "VHOST_USER_F_PROTOCOL_FEATURES offered");
+    assert_ne!(offered & (1 << 5), 0, "PAGE_REPORTING offered");
+    send(s, GET_PROTOCOL_FEATURES, 0, &[], &[]);
+    let proto = u64::from_le_bytes(reply(s, GET_PROTOCOL_FEATURES)[..8].try_into().unwrap());
+    let wanted = (1 << 3) | (1 << 5) | (1 << 9); // REPLY_ACK, BACKEND_REQ, CONFIG
+    assert_eq!(proto & wanted, wanted, "protocol features {proto:#x}");
+    send(s, SET_PROTOCOL_FEATURES, 0, &u64_payload(wanted), &[]);
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    send(s, wire::SET_BACKEND_REQ_FD, NEED_REPLY, &[], &[OwnedFd::from(theirs)]);
+    assert_eq!(ack(s, wire::SET_BACKEND_REQ_FD), 0);
+    let acked = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 30) | (1 << 32);
+    send(s, SET_FEATURES, NEED_REPLY, &u64_payload(acked), &[]);
+    assert_eq!(ack(s, SET_FEATURES), 0);
+    ours
+}
+
+#[test]
+fn uml_mem_table_config_and_config_change_over_the_backend_channel() {
+    let d = Daemon::start("proto");
+    let s = UnixStream::connect(&d.socket).unwrap();
+    let channel = handshake(&s);
+
+    let size = 4 << 20;
+    let memfd = rustix::fs::memfd_create("guest", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, size).unwrap();
+    send(&s, wire::SET_MEM_TABLE, NEED_REPLY, &uml_mem_table(size), &[memfd]);
+    assert_eq!(
+        ack(&s, wire::SET_MEM_TABLE),
+        0,
+        "the 72-byte SET_MEM_TABLE is accepted"
+    );
+
+    assert_eq!(num_pages(&s), 0);
+    let answer = control::request(&d.control, &json!({"op": "set", "pages": 256})).unwrap();
+    assert_eq!(answer["num_pages"], 256);
+    let m = recv_message(&channel).unwrap().expect("CONFIG_CHANGE_MSG");
+    assert_eq!(
+        (m.header.request, m.header.flags, m.header.size),
+        (wire::BACKEND_CONFIG_CHANGE_MSG, wire::VERSION_1, 0),
+        "a config change without NEED_REPLY"
+    );
+    assert_eq!(num_pages(&s), 256, "the guest reads the new target");
+
+    let status = control::request(&d.control, &json!({"op": "status"})).unwrap();
+    assert_eq!(status["connected"], true);
+    assert_eq!(status["metrics"]["config_changes"], 1);
+    let bad = control::request(&d.control, &json!({"op": "set", "pages": -1}));
+    assert!(matches!(bad, Err(control::ControlError::Refused(_))), "{bad:?}");
+
+    // The front-end goes away; the daemon serves the next one, target kept.
+    drop(s);
+    drop(channel);
+    let s2 = UnixStream::connect(&d.socket).unwrap();
+    let _channel2 = handshake(&s2);
+    assert_eq!(num_pages(&s2), 256, "the operator's target outlives a guest");
+    let status = control::request(&d.control, &json!({"op": "status"})).unwrap();
+    assert_eq!(status["connections"], 2);
+}

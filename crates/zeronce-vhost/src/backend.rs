@@ -17,7 +17,9 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 use zeronce_balloon::{
     BalloonDevice, BalloonError, BalloonOptions, FeatureSet, InterruptSignal, MmapDiscarder,
 };
@@ -61,7 +63,9 @@ impl InterruptSignal for Irq {
     fn signal_config_change(&self) {
         let mut slot = self.channel.lock().unwrap_or_else(|p| p.into_inner());
         let Some(sock) = slot.as_mut() else {
-            tracing::debug!("no back-end request channel: the guest sees the target at its next config read");
+            tracing::debug!(
+                "no back-end request channel: the guest sees the target at its next config read"
+            );
             return;
         };
         if let Err(e) = sock.write_all(&wire::config_change_msg()) {
@@ -171,7 +175,12 @@ impl BalloonBackend {
             ));
         }
         st.dev.activate(queues).map_err(|e| e.to_string())?;
-        *self.inner.irq.vrings.lock().unwrap_or_else(|p| p.into_inner()) = vrings.to_vec();
+        *self
+            .inner
+            .irq
+            .vrings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = vrings.to_vec();
         tracing::info!(?neg, "balloon device active");
         Ok(())
     }
@@ -231,7 +240,12 @@ impl VhostUserBackend for BalloonBackend {
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
         let mut buf = vec![0u8; size as usize];
-        match self.lock().state.dev.read_config(u64::from(offset), &mut buf) {
+        match self
+            .lock()
+            .state
+            .dev
+            .read_config(u64::from(offset), &mut buf)
+        {
             Ok(()) => buf,
             Err(_) => Vec::new(),
         }
@@ -261,7 +275,12 @@ impl VhostUserBackend for BalloonBackend {
         let index = u16::try_from(queue_index).unwrap_or(u16::MAX);
         let next_avail = g.state.dev.queue(index).map(QueueT::next_avail);
         if let Some(next_avail) = next_avail {
-            let vrings = self.inner.irq.vrings.lock().unwrap_or_else(|p| p.into_inner());
+            let vrings = self
+                .inner
+                .irq
+                .vrings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some(v) = vrings.get(usize::from(index)) {
                 v.set_queue_next_avail(next_avail);
             }
@@ -304,8 +323,16 @@ impl VhostUserBackend for BalloonBackend {
         for index in queues {
             // Errors are logged and counted by the device; a broken request never stops
             // the queue thread.
-            if let Err(e) = st.dev.process_queue(&*mem, index) {
-                tracing::debug!(queue = index, error = %e, "queue notification refused");
+            // The device serves at most a queue's worth per call; the rest on the next.
+            loop {
+                match st.dev.process_queue(&*mem, index) {
+                    Ok(r) if r.more => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::debug!(queue = index, error = %e, "queue notification refused");
+                        break;
+                    }
+                }
             }
         }
         Ok(())

@@ -27,9 +27,11 @@ pub struct ServeArgs {
     /// and its MemTotal then does not shrink with the balloon.
     #[arg(long)]
     pub deflate_on_oom: bool,
-    /// Never promise zeroed memory (bits 6/7 not offered), e.g. for confidential guests.
+    /// Offer the host-zeroed page hints, feature bits 6 and 7 of the 2026 "skip
+    /// redundant zeroing" proposal (not in the virtio specification; guests that do not
+    /// know them ignore them).
     #[arg(long)]
-    pub no_zero_hints: bool,
+    pub zero_hints: bool,
 }
 
 /// `balloon`: talk to a running `serve` through its control socket.
@@ -77,7 +79,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// A size in bytes as a 4 KiB page count.
 pub fn pages(bytes: u64) -> Result<u32, String> {
-    if bytes % 4096 != 0 {
+    if !bytes.is_multiple_of(4096) {
         return Err(format!("{bytes} bytes is not a multiple of 4 KiB"));
     }
     u32::try_from(bytes / 4096).map_err(|_| format!("{bytes} bytes: at most 2^32 - 1 pages"))
@@ -90,19 +92,21 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         p.push(".ctl");
         PathBuf::from(p)
     });
-    let offer = FeatureOffer {
+    let mut offer = FeatureOffer {
         deflate_on_oom: args.deflate_on_oom,
         // A guest that does not poison drops PAGE_POISON, and Linux virtio_uml then
         // re-sends SET_FEATURES without the vhost-user protocol bit.
         page_poison: false,
         ..FeatureOffer::default()
     };
+    if args.zero_hints {
+        offer = offer.with_zero_hints();
+    }
     let config = ServeConfig {
         socket: args.socket.clone(),
         control: control.clone(),
         balloon: BalloonOptions {
             offer,
-            zero_promises: !args.no_zero_hints,
             ..BalloonOptions::default()
         },
         num_pages: pages(args.target)?,

@@ -55,7 +55,9 @@ fn connection(hub: &Hub, s: UnixStream) -> io::Result<()> {
     let mut line = String::new();
     loop {
         line.clear();
-        let n = (&mut reader).take(MAX_LINE as u64 + 1).read_line(&mut line)?;
+        let n = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_line(&mut line)?;
         if n == 0 {
             return Ok(());
         }

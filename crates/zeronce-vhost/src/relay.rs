@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
-    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
 };
 
 use crate::wire::{self, Header, Normalized, HEADER_SIZE, MAX_REGIONS};
@@ -158,7 +158,8 @@ impl Relay {
 /// Front-end to handler: parse, normalise, note the back-end channel, forward.
 fn forward(from: &UnixStream, to: &UnixStream, slot: &BackendChannelSlot) -> io::Result<()> {
     while let Some(mut m) = recv_message(from)? {
-        if let Normalized::MemTableTrimmed { from, to } = wire::normalize(&mut m.header, &mut m.payload)
+        if let Normalized::MemTableTrimmed { from, to } =
+            wire::normalize(&mut m.header, &mut m.payload)
         {
             tracing::debug!(from, to, "SET_MEM_TABLE: unused region slots cut");
         }

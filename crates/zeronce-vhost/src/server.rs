@@ -84,11 +84,21 @@ impl Hub {
     /// Stops the daemon: no new connections, the current one is closed.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for l in self.listeners.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for l in self
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             // Wakes a blocked accept() (Linux returns EINVAL to it).
             let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
         }
-        if let Some(s) = self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(s) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             let _ = s.frontend.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -126,7 +136,10 @@ impl Hub {
     }
 
     fn listen(&self, l: &UnixListener) -> io::Result<()> {
-        self.listeners.lock().unwrap_or_else(|p| p.into_inner()).push(l.try_clone()?);
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(l.try_clone()?);
         Ok(())
     }
 }
@@ -137,11 +150,15 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(&Arc<Hub>)) -> Result<(), S
     let ctl = BoundSocket::bind(&config.control)?;
     let hub = Arc::new(Hub::new(config));
     hub.listen(vhost.listener()).map_err(io_err("socket"))?;
-    hub.listen(ctl.listener()).map_err(io_err("control socket"))?;
+    hub.listen(ctl.listener())
+        .map_err(io_err("control socket"))?;
     let signals = watch_signals(&hub)?;
     let control_thread = {
         let hub = Arc::clone(&hub);
-        let listener = ctl.listener().try_clone().map_err(io_err("control socket"))?;
+        let listener = ctl
+            .listener()
+            .try_clone()
+            .map_err(io_err("control socket"))?;
         std::thread::Builder::new()
             .name("zeronce-control".into())
             .spawn(move || control::serve(&hub, &listener))
@@ -181,7 +198,12 @@ fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError
             Ok((s, _)) => s,
             Err(_) if hub.stopping() => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(ServeError::Io { what: "accept", source: e }),
+            Err(e) => {
+                return Err(ServeError::Io {
+                    what: "accept",
+                    source: e,
+                })
+            }
         };
         if hub.stopping() {
             return Ok(());
@@ -204,14 +226,14 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (mut inner_listener, inner) = private_connection()?;
     let relay = Relay::start(frontend.try_clone()?, inner, slot)?;
-    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Session {
-        backend,
-        frontend,
-    });
+    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Session { backend, frontend });
     if hub.stopping() {
         relay.shutdown();
     }
-    let result = match daemon.start(&mut inner_listener).and_then(|()| daemon.wait()) {
+    let result = match daemon
+        .start(&mut inner_listener)
+        .and_then(|()| daemon.wait())
+    {
         Ok(()) => Ok(()),
         Err(e) if is_disconnect(&e) || hub.stopping() => Ok(()),
         Err(e) => Err(io::Error::other(e.to_string())),

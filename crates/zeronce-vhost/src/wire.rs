@@ -172,7 +172,11 @@ mod tests {
         let r = normalize(&mut h, &mut p);
         assert_eq!(r, Normalized::MemTableTrimmed { from: 72, to: 40 });
         assert_eq!((h.size, p.len()), (40, 40));
-        assert_eq!(&p[8..40], &first_region[..], "the region itself is untouched");
+        assert_eq!(
+            &p[8..40],
+            &first_region[..],
+            "the region itself is untouched"
+        );
         assert_eq!(h.flags, VERSION_1 | 0x8, "flags (NEED_REPLY) kept");
     }
 
@@ -181,7 +185,11 @@ mod tests {
         for (n, slots) in [(1, 1), (2, 2), (2, 1), (9, 10), (0, 0)] {
             let (mut h, mut p) = mem_table(n, slots);
             let before = (h, p.clone());
-            assert_eq!(normalize(&mut h, &mut p), Normalized::Unchanged, "{n}/{slots}");
+            assert_eq!(
+                normalize(&mut h, &mut p),
+                Normalized::Unchanged,
+                "{n}/{slots}"
+            );
             assert_eq!((h, p), before);
         }
         let mut h = Header {

@@ -115,7 +115,11 @@ fn num_pages(s: &UnixStream) -> u32 {
     p.extend_from_slice(&[0u8; 16]);
     send(s, GET_CONFIG, 0, &p, &[]);
     let r = reply(s, GET_CONFIG);
-    assert_eq!(r.len(), 12 + 16, "offset, size, flags, then the 16-byte config");
+    assert_eq!(
+        r.len(),
+        12 + 16,
+        "offset, size, flags, then the 16-byte config"
+    );
     u32::from_le_bytes(r[12..16].try_into().unwrap())
 }
 
@@ -124,7 +128,11 @@ fn handshake(s: &UnixStream) -> UnixStream {
     send(s, SET_OWNER, 0, &[], &[]);
     send(s, GET_FEATURES, 0, &[], &[]);
     let offered = u64::from_le_bytes(reply(s, GET_FEATURES)[..8].try_into().unwrap());
-    assert_ne!(offered & (1 << 30), 0, "VHOST_USER_F_PROTOCOL_FEATURES offered");
+    assert_ne!(
+        offered & (1 << 30),
+        0,
+        "VHOST_USER_F_PROTOCOL_FEATURES offered"
+    );
     assert_ne!(offered & (1 << 5), 0, "PAGE_REPORTING offered");
     send(s, GET_PROTOCOL_FEATURES, 0, &[], &[]);
     let proto = u64::from_le_bytes(reply(s, GET_PROTOCOL_FEATURES)[..8].try_into().unwrap());
@@ -132,7 +140,13 @@ fn handshake(s: &UnixStream) -> UnixStream {
     assert_eq!(proto & wanted, wanted, "protocol features {proto:#x}");
     send(s, SET_PROTOCOL_FEATURES, 0, &u64_payload(wanted), &[]);
     let (ours, theirs) = UnixStream::pair().unwrap();
-    send(s, wire::SET_BACKEND_REQ_FD, NEED_REPLY, &[], &[OwnedFd::from(theirs)]);
+    send(
+        s,
+        wire::SET_BACKEND_REQ_FD,
+        NEED_REPLY,
+        &[],
+        &[OwnedFd::from(theirs)],
+    );
     assert_eq!(ack(s, wire::SET_BACKEND_REQ_FD), 0);
     let acked = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 30) | (1 << 32);
     send(s, SET_FEATURES, NEED_REPLY, &u64_payload(acked), &[]);
@@ -149,7 +163,13 @@ fn uml_mem_table_config_and_config_change_over_the_backend_channel() {
     let size = 4 << 20;
     let memfd = rustix::fs::memfd_create("guest", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
     rustix::fs::ftruncate(&memfd, size).unwrap();
-    send(&s, wire::SET_MEM_TABLE, NEED_REPLY, &uml_mem_table(size), &[memfd]);
+    send(
+        &s,
+        wire::SET_MEM_TABLE,
+        NEED_REPLY,
+        &uml_mem_table(size),
+        &[memfd],
+    );
     assert_eq!(
         ack(&s, wire::SET_MEM_TABLE),
         0,
@@ -171,14 +191,21 @@ fn uml_mem_table_config_and_config_change_over_the_backend_channel() {
     assert_eq!(status["connected"], true);
     assert_eq!(status["metrics"]["config_changes"], 1);
     let bad = control::request(&d.control, &json!({"op": "set", "pages": -1}));
-    assert!(matches!(bad, Err(control::ControlError::Refused(_))), "{bad:?}");
+    assert!(
+        matches!(bad, Err(control::ControlError::Refused(_))),
+        "{bad:?}"
+    );
 
     // The front-end goes away; the daemon serves the next one, target kept.
     drop(s);
     drop(channel);
     let s2 = UnixStream::connect(&d.socket).unwrap();
     let _channel2 = handshake(&s2);
-    assert_eq!(num_pages(&s2), 256, "the operator's target outlives a guest");
+    assert_eq!(
+        num_pages(&s2),
+        256,
+        "the operator's target outlives a guest"
+    );
     let status = control::request(&d.control, &json!({"op": "status"})).unwrap();
     assert_eq!(status["connections"], 2);
 }

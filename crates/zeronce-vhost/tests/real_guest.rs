@@ -1,0 +1,377 @@
+//! The daemon driven by a real Linux guest: User Mode Linux (Debian `user-mode-linux`,
+//! whose `virtio_uml` transport is a vhost-user front-end) runs the kernel's own
+//! `virtio_balloon` driver against `zeronce-vhost serve`. Everything is checked from the
+//! host side: the guest's memory file (`fstat` st_blocks of the file UML maps), the
+//! guest's /proc/meminfo as it prints it, the daemon's process.
+//!
+//! Needs `linux.uml` and `insmod` (`apt-get install user-mode-linux kmod`); without them
+//! the test fails and says so. `.ci/run` installs both.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use zeronce_vhost::control;
+
+const MIB: u64 = 1 << 20;
+/// Generous bound for things that have no required latency (boot, a config change).
+const PATIENCE: Duration = Duration::from_secs(90);
+/// The issue's bound from the guest's free to the host's drop.
+const REPORT_WITHIN: Duration = Duration::from_secs(6);
+
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .any(|d| d.join(name).is_file())
+}
+
+fn require_uml() {
+    let missing: Vec<_> = ["linux.uml", "insmod"]
+        .into_iter()
+        .filter(|n| !on_path(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the real-guest test needs User Mode Linux: {missing:?} not found; install with \
+         `apt-get install user-mode-linux kmod` (as root; .ci/run does it)"
+    );
+}
+
+/// A running `zeronce-vhost serve`, killed when dropped.
+struct Daemon {
+    child: Child,
+    control: PathBuf,
+}
+
+impl Daemon {
+    fn start(socket: &Path) -> Daemon {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_zeronce-vhost"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(socket)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start zeronce-vhost serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("listening"), "daemon said {line:?}");
+        let mut control = socket.as_os_str().to_owned();
+        control.push(".ctl");
+        Daemon {
+            child,
+            control: control.into(),
+        }
+    }
+
+    fn request(&self, req: Value) -> Value {
+        control::request(&self.control, &req).expect("control request")
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
+    }
+
+    fn set_target(&self, bytes: u64) {
+        self.request(json!({"op": "set", "pages": bytes / 4096}));
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A booted UML guest in its own process group, killed (the group) when dropped.
+struct Guest {
+    child: Child,
+    stdin: ChildStdin,
+    answers: Receiver<String>,
+    console: Arc<Mutex<Vec<String>>>,
+    memory: File,
+}
+
+impl Guest {
+    fn boot(dir: &Path, socket: &Path) -> Guest {
+        let init = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guest/init.sh");
+        let mut child = Command::new("linux.uml")
+            .args([
+                "mem=256M",
+                "root=/dev/root",
+                "rootfstype=hostfs",
+                "rootflags=/",
+                "rw",
+            ])
+            .arg(format!("init={}", init.display()))
+            .args(["con=null", "con0=fd:0,fd:1"])
+            .arg(format!("virtio_uml.device={}:5", socket.display()))
+            // UML's memory file is an unlinked file in $TMPDIR: ours, so it can be found.
+            .env("TMPDIR", dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start linux.uml");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let console = Arc::new(Mutex::new(Vec::new()));
+        let (tx, answers) = mpsc::channel();
+        let log = Arc::clone(&console);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if let Some(answer) = line.strip_prefix("@guest ") {
+                    let _ = tx.send(answer.trim().to_owned());
+                }
+                log.lock().unwrap().push(line);
+            }
+        });
+        let pid = child.id();
+        let mut g = Guest {
+            child,
+            stdin,
+            answers,
+            console,
+            memory: File::open("/dev/null").unwrap(),
+        };
+        assert_eq!(g.answer(), "balloon-loaded", "{}", g.tail());
+        assert_eq!(g.answer(), "ready");
+        g.memory = memory_file(pid, dir).unwrap_or_else(|| panic!("no memory file\n{}", g.tail()));
+        g
+    }
+
+    fn tail(&self) -> String {
+        let c = self.console.lock().unwrap();
+        c[c.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn answer(&self) -> String {
+        self.answers
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("the guest did not answer; console:\n{}", self.tail()))
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").expect("guest console");
+        self.answer()
+    }
+
+    /// (MemTotal, MemFree) in bytes.
+    fn meminfo(&mut self) -> (u64, u64) {
+        let a = self.ask("meminfo");
+        let v: Vec<u64> = a
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse::<u64>().unwrap() * 1024)
+            .collect();
+        (v[0], v[1])
+    }
+
+    /// Bytes allocated to the guest's memory file.
+    fn allocated(&self) -> u64 {
+        self.memory.metadata().unwrap().blocks() * 512
+    }
+
+    /// Waits until MemTotal is `total`; the seconds it took.
+    fn wait_total(&mut self, total: u64) -> f64 {
+        let t0 = Instant::now();
+        loop {
+            let (now, _) = self.meminfo();
+            if now == total {
+                return t0.elapsed().as_secs_f64();
+            }
+            assert!(
+                t0.elapsed() < PATIENCE,
+                "MemTotal {now}, want {total}\n{}",
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn halt(mut self) -> std::process::ExitStatus {
+        writeln!(self.stdin, "halt").unwrap();
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                t0.elapsed() < PATIENCE,
+                "the guest did not halt\n{}",
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let pgid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The unlinked file in `dir` that UML maps as the guest's physical memory.
+fn memory_file(pid: u32, dir: &Path) -> Option<File> {
+    let fds = Path::new("/proc").join(pid.to_string()).join("fd");
+    std::fs::read_dir(&fds).ok()?.flatten().find_map(|e| {
+        let target = std::fs::read_link(e.path()).ok()?;
+        let t = target.to_string_lossy();
+        (t.starts_with(&*dir.to_string_lossy()) && t.ends_with("(deleted)"))
+            .then(|| File::open(e.path()).ok())
+            .flatten()
+    })
+}
+
+/// Waits until the device is active and holds the guest's first statistics buffer.
+fn wait_driver(d: &Daemon) {
+    let t0 = Instant::now();
+    while d.request(json!({"op": "status"}))["metrics"]["stats_updates"].as_u64() < Some(1) {
+        assert!(t0.elapsed() < PATIENCE, "the guest's driver never came up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn test_dir() -> PathBuf {
+    // Short: a unix socket path holds 107 bytes.
+    let dir = std::env::temp_dir().join(format!("zv-guest-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn real_linux_guest_reports_inflates_deflates_and_sends_stats() {
+    require_uml();
+    let dir = test_dir();
+    let socket = dir.join("balloon.sock");
+    let daemon = Daemon::start(&socket);
+    let mut g = Guest::boot(&dir, &socket);
+    wait_driver(&daemon);
+
+    // (1) Free page reporting: 96 MiB written into the guest's tmpfs, deleted; the host's
+    // file loses >= 90 % of it within 6 s of the free.
+    let fill = 96 * MIB;
+    assert_eq!(g.ask("fill 96"), "filled");
+    let before = g.allocated();
+    let pages_reported = || {
+        daemon.request(json!({"op": "status"}))["metrics"]["pages_reported"]
+            .as_u64()
+            .unwrap()
+    };
+    let reported_before = pages_reported();
+    assert_eq!(g.ask("drop"), "dropped");
+    let freed_at = Instant::now();
+    let (dropped, secs) = loop {
+        let dropped = before.saturating_sub(g.allocated());
+        if dropped * 10 >= fill * 9 || freed_at.elapsed() > REPORT_WITHIN {
+            break (dropped, freed_at.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        dropped * 10 >= fill * 9,
+        "after {secs:.1} s the memory file lost {} MiB of the 96 MiB freed",
+        dropped / MIB
+    );
+    println!(
+        "figure: reporting: {} MiB of the 96 MiB freed left the memory file {secs:.2} s after \
+         the free (the device counted {} MiB reported)",
+        dropped / MIB,
+        (pages_reported() - reported_before) * 4096 / MIB
+    );
+
+    // (2) Inflate 64 MiB through the control socket: MemTotal drops by as much, and so
+    // does the file (reporting is off meanwhile, so the balloon takes pages the guest
+    // dirtied and freed, not pages already returned); deflate gives MemTotal back.
+    assert_eq!(g.ask("report-order 11"), "order 11");
+    assert_eq!(g.ask("fill 96"), "filled");
+    assert_eq!(g.ask("drop"), "dropped");
+    let (total, _) = g.meminfo();
+    let before = g.allocated();
+    let balloon = 64 * MIB;
+    daemon.set_target(balloon);
+    let secs = g.wait_total(total - balloon);
+    let returned = before.saturating_sub(g.allocated());
+    assert!(
+        returned * 4 >= balloon * 3,
+        "inflating 64 MiB returned only {} MiB of the memory file",
+        returned / MIB
+    );
+    let status = daemon.request(json!({"op": "status"}));
+    assert_eq!(status["actual"], balloon / 4096, "{status}");
+    println!(
+        "figure: inflate: {} pages in {secs:.2} s ({:.0} pages/s, control to guest MemTotal), \
+         {} MiB of the memory file returned",
+        balloon / 4096,
+        (balloon / 4096) as f64 / secs,
+        returned / MIB
+    );
+    daemon.set_target(0);
+    let secs = g.wait_total(total);
+    println!("figure: deflate: MemTotal back in {secs:.2} s");
+    assert_eq!(g.ask("report-order 10"), "order 10");
+
+    // (3) Statistics: the guest's free memory as the device parsed it, against the
+    // guest's own MemFree.
+    let s = daemon.request(json!({"op": "stats", "timeout_ms": 10_000}));
+    assert_eq!(s["fresh"], true, "{s}");
+    let (_, mem_free) = g.meminfo();
+    let free = s["stats"]["free_memory"]
+        .as_u64()
+        .expect("free_memory sent");
+    let diff = free.abs_diff(mem_free);
+    assert!(
+        diff * 10 <= mem_free,
+        "device says {free} B free, guest MemFree {mem_free} B"
+    );
+    assert!(s["stats"]["total_memory"].as_u64().unwrap() > 0, "{s}");
+
+    // (4) The daemon dies mid-run: the guest keeps running and shuts down cleanly.
+    drop(daemon);
+    let (total_after, _) = g.meminfo();
+    assert_eq!(total_after, total, "the guest still answers");
+    let status = g.halt();
+    assert!(status.success(), "the guest's exit: {status}");
+
+    // A fresh daemon (the killed one's socket files removed) serves the next guest.
+    for stale in [&socket, &dir.join("balloon.sock.ctl")] {
+        std::fs::remove_file(stale).unwrap();
+    }
+    let daemon = Daemon::start(&socket);
+    let mut g = Guest::boot(&dir, &socket);
+    wait_driver(&daemon);
+    let (total, _) = g.meminfo();
+    daemon.set_target(16 * MIB);
+    g.wait_total(total - 16 * MIB);
+    daemon.set_target(0);
+    g.wait_total(total);
+    let status = g.halt();
+    assert!(status.success(), "the second guest's exit: {status}");
+    let status = daemon.request(json!({"op": "status"}));
+    assert_eq!(status["connections"], 1, "{status}");
+    assert!(daemon.terminate().success(), "SIGTERM: a clean exit");
+    assert!(!socket.exists(), "the socket is removed at shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -32,6 +32,12 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Serve the balloon device as a vhost-user back-end (for a VMM or User Mode Linux)
+    /// until SIGINT / SIGTERM.
+    Serve(zeronce_vhost::cli::ServeArgs),
+    /// Control a running `serve` through its control socket: set the target, read the
+    /// status and the guest's statistics.
+    Balloon(zeronce_vhost::cli::BalloonArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +55,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Bench { which } => bench::run(which),
+        Command::Serve(args) => zeronce_vhost::cli::serve(&args).map_err(Into::into),
+        Command::Balloon(args) => zeronce_vhost::cli::balloon(&args).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,7 @@
 //! device-owned byte, is refused with a typed error and changes nothing.
 
 use crate::error::BalloonError;
-use crate::spec::config_layout::{ACTUAL, FREE_PAGE_HINT_CMD_ID, NUM_PAGES, POISON_VAL, SIZE};
+use crate::spec::config_layout::{ACTUAL, NUM_PAGES, POISON_VAL, SIZE};
 
 /// The balloon configuration space.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,11 +38,6 @@ impl ConfigSpace {
     /// The balloon size the driver last reported, in 4 KiB pages.
     pub fn actual(&self) -> u32 {
         self.field(ACTUAL)
-    }
-
-    /// The free page hint command id.
-    pub fn free_page_hint_cmd_id(&self) -> u32 {
-        self.field(FREE_PAGE_HINT_CMD_ID)
     }
 
     /// The guest's page poison value (meaningful with `PAGE_POISON`).

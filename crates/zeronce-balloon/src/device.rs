@@ -452,7 +452,6 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 self.metrics.stats_updates.inc();
                 return Ok(None);
             }
-            QueueKind::FreePageHint => return Ok(Some(0)),
         };
         match &work {
             Work::Inflate { pfns, .. } => self.metrics.pages_inflated.add(pfns.len() as u64),

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use zeronce_mem::clock::deadline_after;
 use zeronce_mem::vm::{self, GuestDiscardError};
 use zeronce_mem::{Backing, DiscardOp};
@@ -122,7 +122,9 @@ pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
 #[derive(Debug, Default)]
 pub struct MmapDiscarder {
     hugetlb_page_size: Option<usize>,
-    cache: HashMap<u64, Backing>,
+    /// Backing per region start, with the region's host address and length when it was
+    /// described: a VMM that remaps or resizes a region misses the cache.
+    cache: HashMap<u64, (usize, u64, Backing)>,
 }
 
 impl MmapDiscarder {
@@ -138,11 +140,6 @@ impl MmapDiscarder {
             cache: HashMap::new(),
         }
     }
-
-    /// Forgets cached backings (call after the VMM changes the memory map).
-    pub fn clear_cache(&mut self) {
-        self.cache.clear();
-    }
 }
 
 impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
@@ -151,11 +148,18 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         mem: &GuestMemoryMmap<B>,
         region_start: GuestAddress,
     ) -> Result<Backing, DiscardError> {
-        if let Some(b) = self.cache.get(&region_start.0) {
-            return Ok(*b);
+        let key = mem
+            .find_region(region_start)
+            .map(|r| (r.as_ptr() as usize, r.len()));
+        if let (Some((host, len)), Some(&(h, l, b))) = (key, self.cache.get(&region_start.0)) {
+            if (host, len) == (h, l) {
+                return Ok(b);
+            }
         }
         let info = vm::describe_region(mem, region_start, self.hugetlb_page_size)?;
-        self.cache.insert(region_start.0, info.backing);
+        if let Some((host, len)) = key {
+            self.cache.insert(region_start.0, (host, len, info.backing));
+        }
         Ok(info.backing)
     }
 

@@ -253,8 +253,6 @@ pub enum QueueKind {
     Deflate,
     /// statsq: guest memory statistics.
     Stats,
-    /// free_page_vq: free page hints (not served by this device).
-    FreePageHint,
     /// reporting_vq: free page reports.
     Reporting,
 }
@@ -262,17 +260,19 @@ pub enum QueueKind {
 /// The mapping between queue indices and kinds for a set of negotiated features.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueLayout {
-    kinds: Vec<QueueKind>,
+    /// `None`: free_page_vq, which takes an index when `FREE_PAGE_HINT` is negotiated
+    /// but which this crate does not serve (the device never offers the feature).
+    kinds: Vec<Option<QueueKind>>,
 }
 
 impl QueueLayout {
     /// Layout for `features`: inflateq, deflateq, then the optional queues in spec order.
     pub fn for_features(features: FeatureSet) -> QueueLayout {
-        let mut kinds = vec![QueueKind::Inflate, QueueKind::Deflate];
+        let mut kinds = vec![Some(QueueKind::Inflate), Some(QueueKind::Deflate)];
         let optional = [
-            (Feature::StatsVq, QueueKind::Stats),
-            (Feature::FreePageHint, QueueKind::FreePageHint),
-            (Feature::PageReporting, QueueKind::Reporting),
+            (Feature::StatsVq, Some(QueueKind::Stats)),
+            (Feature::FreePageHint, None),
+            (Feature::PageReporting, Some(QueueKind::Reporting)),
         ];
         kinds.extend(
             optional
@@ -293,18 +293,21 @@ impl QueueLayout {
         self.kinds.is_empty()
     }
 
-    /// The kind of queue `index`, if it exists.
+    /// The kind of queue `index`, if it exists and is one this crate serves.
     pub fn kind(&self, index: u16) -> Option<QueueKind> {
-        self.kinds.get(usize::from(index)).copied()
+        self.kinds.get(usize::from(index)).copied().flatten()
     }
 
     /// The index of queue `kind`, if negotiated.
     pub fn index(&self, kind: QueueKind) -> Option<u16> {
-        self.kinds.iter().position(|k| *k == kind).map(|i| i as u16)
+        self.kinds
+            .iter()
+            .position(|k| *k == Some(kind))
+            .and_then(|i| u16::try_from(i).ok())
     }
 
-    /// The kinds in index order.
-    pub fn kinds(&self) -> &[QueueKind] {
+    /// The kinds in index order (`None`: free_page_vq, not served).
+    pub fn kinds(&self) -> &[Option<QueueKind>] {
         &self.kinds
     }
 }
@@ -329,9 +332,17 @@ mod tests {
         assert_eq!(l.index(QueueKind::Reporting), Some(3));
         let l = QueueLayout::for_features(set(&[StatsVq, FreePageHint, PageReporting]));
         assert_eq!(l.index(QueueKind::Reporting), Some(4));
+        assert_eq!(
+            l.kind(3),
+            None,
+            "free_page_vq takes an index, is not served"
+        );
         assert_eq!(l.len(), 5);
         let l = QueueLayout::for_features(FeatureSet::EMPTY);
-        assert_eq!(l.kinds(), &[QueueKind::Inflate, QueueKind::Deflate]);
+        assert_eq!(
+            l.kinds(),
+            &[Some(QueueKind::Inflate), Some(QueueKind::Deflate)]
+        );
         assert_eq!(l.index(QueueKind::Stats), None);
     }
 

@@ -19,7 +19,7 @@ impl HugePool {
                     .map(|i| (i, PageState::Free { known_zero: false })),
             );
             for (&i, want) in lists {
-                let slot = self.slots[i as usize].ok_or(format!("listed slot {i} is vacant"))?;
+                let slot = self.slots[i as usize];
                 if std::mem::replace(&mut seen[i as usize], true) {
                     return Err(format!("{:?} listed twice", slot.page));
                 }
@@ -33,7 +33,6 @@ impl HugePool {
             let count = |st: PageState| {
                 self.slots
                     .iter()
-                    .flatten()
                     .filter(|s| s.page.node == ZoneId(n) && s.state == st)
                     .count() as u64
             };
@@ -42,17 +41,14 @@ impl HugePool {
             }
         }
         for (i, slot) in self.slots.iter().enumerate() {
-            match slot {
-                Some(s) if matches!(s.state, PageState::Free { .. }) && !seen[i] => {
-                    return Err(format!("free {:?} is on no list", s.page));
-                }
-                Some(s) if self.by_pfn.get(&s.page.pfn) != Some(&(i as u32)) => {
-                    return Err(format!("{:?} is not indexed", s.page));
-                }
-                _ => {}
+            if matches!(slot.state, PageState::Free { .. }) && !seen[i] {
+                return Err(format!("free {:?} is on no list", slot.page));
+            }
+            if self.by_pfn.get(&slot.page.pfn).map(|&j| j as usize) != Some(i) {
+                return Err(format!("{:?} is not indexed", slot.page));
             }
         }
-        if self.by_pfn.len() != self.slots.iter().flatten().count() {
+        if self.by_pfn.len() != self.slots.len() {
             return Err("index and slots disagree".into());
         }
         Ok(())

@@ -2,15 +2,13 @@
 //! `zeroable_hugepages`, the "skip redundant zeroing" series' `HPG_zeroed`). Pure state: no syscalls, no
 //! zeroing — it says *which* page to zero and *whether*; the effect layer does it.
 //!
-//! A [`HugePool`] holds pages of one order (9 = 2 MiB, 18 = 1 GiB) per node, either carved
-//! from a [`MemoryManager`](crate::MemoryManager) (surplus pages: [`HugePool::carve`], given back with
-//! [`HugePool::release_to`]) or standing alone over a PFN range (hugetlbfs-like backing:
-//! [`HugePool::add_range`]). Each page is in exactly one [`PageState`]:
+//! A [`HugePool`] holds pages of one order (9 = 2 MiB, 18 = 1 GiB) per node over PFN
+//! ranges added with [`HugePool::add_range`] (hugetlbfs-like backing, apart from the buddy
+//! allocator). Each page is in exactly one [`PageState`]:
 //!
 //! | event | state after |
 //! |---|---|
-//! | carved with a zero-request, or the buddy block was known zero (e.g. host-zeroed) | `Free { known_zero: true }` |
-//! | carved without zero-request from a dirty block | `Free { known_zero: false }` |
+//! | added known zero / dirty | `Free { known_zero: true }` / `Free { known_zero: false }` |
 //! | freed by its user ([`FreeHint::Dirty`]) | `Free { known_zero: false }` (HPG_zeroed cleared) |
 //! | freed with [`FreeHint::KnownZero`] | `Free { known_zero: true }` |
 //! | taken by a zeroer ([`HugePool::take_zeroable`]) | `Zeroing` — cannot be allocated |
@@ -29,7 +27,6 @@
 //! node's zeroable count grows, rate-limited per node by an injected [`Clock`] with a
 //! trailing event (see [`events`]).
 
-mod buddy;
 mod check;
 pub mod events;
 mod types;
@@ -40,8 +37,8 @@ use std::time::Duration;
 
 pub use events::{Clock, EventHook, ManualClock, ZeroableEvent};
 pub use types::{
-    HugePage, HugePoolError, Origin, PageState, PoolAllocation, PoolCounters, PoolCounts,
-    PoolZeroing, ZeroingTicket,
+    HugePage, HugePoolError, PageState, PoolAllocation, PoolCounters, PoolCounts, PoolZeroing,
+    ZeroingTicket,
 };
 
 use crate::manager::FreeHint;
@@ -52,7 +49,6 @@ use events::Notifier;
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     page: HugePage,
-    origin: Origin,
     state: PageState,
 }
 
@@ -69,8 +65,7 @@ struct Node {
 /// The huge-page pool; see the module docs.
 pub struct HugePool {
     order: Order,
-    slots: Vec<Option<Slot>>,
-    vacant: Vec<u32>,
+    slots: Vec<Slot>,
     by_pfn: HashMap<Pfn, u32>,
     nodes: Vec<Node>,
     counters: PoolCounters,
@@ -93,7 +88,6 @@ impl HugePool {
         HugePool {
             order,
             slots: Vec::new(),
-            vacant: Vec::new(),
             by_pfn: HashMap::new(),
             nodes: Vec::new(),
             counters: PoolCounters::default(),
@@ -144,30 +138,16 @@ impl HugePool {
     }
 
     /// Records a new page, free in the given state.
-    fn insert(
-        &mut self,
-        page: HugePage,
-        origin: Origin,
-        known_zero: bool,
-    ) -> Result<(), HugePoolError> {
+    fn insert(&mut self, page: HugePage, known_zero: bool) -> Result<(), HugePoolError> {
         if self.by_pfn.contains_key(&page.pfn) {
             return Err(HugePoolError::AlreadyInPool(page.pfn));
         }
         let slot = Slot {
             page,
-            origin,
             state: PageState::Free { known_zero },
         };
-        let index = match self.vacant.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(slot);
-                i
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let index = u32::try_from(self.slots.len()).expect("fewer than 2^32 pool pages");
+        self.slots.push(slot);
         self.by_pfn.insert(page.pfn, index);
         self.push_free(page.node, index, known_zero);
         Ok(())
@@ -219,7 +199,7 @@ impl HugePool {
             return Err(HugePoolError::AlreadyInPool(p.pfn));
         }
         for page in pages {
-            self.insert(page, Origin::Standalone, known_zero)?;
+            self.insert(page, known_zero)?;
         }
         if !known_zero {
             self.zeroable_grew(node);
@@ -260,9 +240,7 @@ impl HugePool {
                 .sum();
             return Err(HugePoolError::Exhausted { node, zeroing });
         };
-        let slot = self.slots[index as usize]
-            .as_mut()
-            .expect("listed slot exists");
+        let slot = &mut self.slots[index as usize];
         slot.state = PageState::InUse;
         let page = slot.page;
         self.node_mut(page.node).in_use += 1;
@@ -287,9 +265,10 @@ impl HugePool {
             .by_pfn
             .get(&page.pfn)
             .ok_or(HugePoolError::ForeignPage(page))?;
-        match &self.slots[index as usize] {
-            Some(s) if s.page == page => Ok(index),
-            _ => Err(HugePoolError::ForeignPage(page)),
+        if self.slots[index as usize].page == page {
+            Ok(index)
+        } else {
+            Err(HugePoolError::ForeignPage(page))
         }
     }
 
@@ -297,9 +276,7 @@ impl HugePool {
     /// [`FreeHint::KnownZero`] when the caller knows it reads zero.
     pub fn free(&mut self, page: HugePage, hint: FreeHint) -> Result<(), HugePoolError> {
         let index = self.index_of(page)?;
-        let slot = self.slots[index as usize]
-            .as_mut()
-            .expect("indexed slot exists");
+        let slot = &mut self.slots[index as usize];
         match slot.state {
             PageState::InUse => {}
             PageState::Free { .. } => return Err(HugePoolError::DoubleFree(page)),
@@ -338,7 +315,7 @@ impl HugePool {
         indices
             .into_iter()
             .map(|i| {
-                let slot = self.slots[i as usize].as_mut().expect("listed slot exists");
+                let slot = &mut self.slots[i as usize];
                 slot.state = PageState::Zeroing;
                 ZeroingTicket { page: slot.page }
             })
@@ -354,9 +331,7 @@ impl HugePool {
     ) -> Result<(), HugePoolError> {
         let page = ticket.page;
         let index = self.index_of(page)?;
-        let slot = self.slots[index as usize]
-            .as_mut()
-            .expect("indexed slot exists");
+        let slot = &mut self.slots[index as usize];
         if slot.state != PageState::Zeroing {
             return Err(HugePoolError::NotZeroing(page));
         }
@@ -377,7 +352,8 @@ impl HugePool {
     /// The state of the page starting at `pfn` (`None`: not a page of this pool).
     pub fn state_of(&self, pfn: Pfn) -> Option<(HugePage, PageState)> {
         let index = *self.by_pfn.get(&pfn)?;
-        self.slots[index as usize].map(|s| (s.page, s.state))
+        let s = self.slots[index as usize];
+        Some((s.page, s.state))
     }
 
     /// Page counts of `node`.

@@ -1,5 +1,4 @@
 use super::*;
-use crate::{FreeState, MemoryManager, MmConfig, NoopZeroer};
 use std::sync::Mutex;
 
 const O9: Order = match Order::new(9) {
@@ -143,79 +142,6 @@ fn pages_being_zeroed_are_not_allocatable_and_come_back_per_verdict() {
     assert!(pool.finish_zeroing(stray, true).is_err());
     let k = pool.counters();
     assert_eq!((k.pages_prezeroed, k.zeroing_aborted), (1, 1));
-    pool.check_invariants().unwrap();
-}
-
-fn manager(initial: FreeState) -> MemoryManager {
-    let mut cfg = MmConfig::new(vec![PageRange::new(Pfn(0), 8 * HUGE)]);
-    cfg.initial_state = initial;
-    MemoryManager::new(cfg, Arc::new(NoopZeroer)).unwrap()
-}
-
-#[test]
-fn carved_pages_are_known_zero_when_zeroed_or_host_zeroed() {
-    let mm = manager(FreeState::DIRTY);
-    let mut pool = HugePool::new(O9);
-    assert_eq!(pool.carve(&mm, 2, true), Ok(2));
-    assert_eq!(pool.carve(&mm, 3, false), Ok(3));
-    assert_eq!(pool.node_counts(ZoneId(0)).free_zero, 2);
-    assert_eq!(pool.zeroable(ZoneId(0)), 3);
-    // Host-zeroed (reported + known zero) buddy memory is no zeroable work.
-    let host = manager(FreeState::REPORTED_ZERO);
-    let mut pool2 = HugePool::new(O9);
-    assert_eq!(pool2.carve(&host, 4, false), Ok(4));
-    assert_eq!(pool2.zeroable(ZoneId(0)), 0);
-    // Carving more than there is stops at the end; nothing at all is an error.
-    assert_eq!(pool2.carve(&host, 10, false), Ok(4));
-    assert!(matches!(
-        pool2.carve(&host, 1, false),
-        Err(HugePoolError::Carve(_))
-    ));
-    pool.check_invariants().unwrap();
-}
-
-#[test]
-fn released_pages_go_back_to_buddy_with_their_zero_fact() {
-    let mm = manager(FreeState::DIRTY);
-    let mut pool = HugePool::new(O9);
-    pool.carve(&mm, 2, true).unwrap();
-    pool.carve(&mm, 1, false).unwrap();
-    let held = pool.alloc(None, true).unwrap().page;
-    pool.add_range(ZoneId(0), PageRange::new(Pfn(64 * HUGE), HUGE), false)
-        .unwrap();
-    // Standalone and in-use pages stay; dirty carved pages go first.
-    assert_eq!(pool.release_to(&mm, 1), Ok(1));
-    assert_eq!(
-        pool.node_counts(ZoneId(0)),
-        PoolCounts {
-            free_zero: 1,
-            zeroable: 1,
-            in_use: 1,
-            zeroing: 0
-        }
-    );
-    assert_eq!(pool.release_to(&mm, 10), Ok(1));
-    let zero_released = (0..8).map(|i| Pfn(i * HUGE)).find(|p| {
-        *p != held.pfn
-            && pool.state_of(*p).is_none()
-            && mm.free_state_of(*p).is_some_and(|(_, s)| s.known_zero)
-    });
-    assert!(
-        zero_released.is_some(),
-        "a known-zero page came back known zero"
-    );
-    pool.free(held, FreeHint::Dirty).unwrap();
-    assert_eq!(pool.release_to(&mm, 10), Ok(1));
-    assert_eq!(
-        pool.counts(),
-        PoolCounts {
-            free_zero: 0,
-            zeroable: 1,
-            in_use: 0,
-            zeroing: 0
-        }
-    );
-    mm.check_invariants().unwrap();
     pool.check_invariants().unwrap();
 }
 

@@ -3,17 +3,7 @@
 
 use thiserror::Error;
 
-use crate::error::{AllocError, FreeError};
 use crate::types::{Block, Order, PageRange, Pfn, ZoneId};
-
-/// Where a pool page came from (and where it can go back to).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
-    /// Carved from a [`MemoryManager`](crate::MemoryManager); [`HugePool::release_to`](super::HugePool::release_to) gives it back.
-    Buddy,
-    /// Part of a range added with [`HugePool::add_range`](super::HugePool::add_range); stays in the pool.
-    Standalone,
-}
 
 /// State of one pool page. Illegal combinations (in use *and* known zero, zeroing *and*
 /// allocatable) cannot be expressed.
@@ -166,11 +156,4 @@ pub enum HugePoolError {
         /// Pages currently being zeroed there.
         zeroing: u64,
     },
-    /// The buddy allocator refused to give a page.
-    #[error("carving from the buddy allocator: {0}")]
-    Carve(#[from] AllocError),
-    /// The buddy allocator refused a page given back. The page was removed from the pool
-    /// anyway (it is not the pool's any more, and not free in the manager: a bug).
-    #[error("giving back to the buddy allocator: {0}")]
-    Release(#[from] FreeError),
 }

@@ -6,8 +6,7 @@
 //! otherwise) — and keeps the pure [`HugePool`] state (which page is free, known zero,
 //! in use, being zeroed) behind a mutex. It owns its pages outright, like the kernel's
 //! hugetlb pool: a standalone pool, not carved from a [`crate::ProcessMemory`] whose
-//! reporting engine would want the same memory back (carving from a buddy allocator is
-//! in the pure layer: [`HugePool::carve`]).
+//! reporting engine would want the same memory back.
 //!
 //! * [`HugePagePool::alloc`]: a zero-request gets a pre-zeroed page without writing a
 //!   byte; only when none is left is a dirty page zeroed inline (counted).

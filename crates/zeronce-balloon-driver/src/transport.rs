@@ -54,7 +54,7 @@ impl UsedSignal {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<u64>> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        zeronce_mm::sync::lock(&self.counts)
     }
 
     /// Interrupts raised for queue `index` so far.
@@ -74,11 +74,7 @@ impl UsedSignal {
             if now >= deadline {
                 return false;
             }
-            counts = self
-                .cv
-                .wait_timeout(counts, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            counts = zeronce_mm::sync::wait_timeout(&self.cv, counts, deadline - now);
         }
     }
 }

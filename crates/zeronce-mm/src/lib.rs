@@ -60,6 +60,7 @@ mod manager;
 mod pcp;
 pub mod reporting;
 mod stats;
+pub mod sync;
 mod types;
 mod zeroing;
 mod zone;
@@ -68,8 +69,8 @@ pub use error::{
     AllocError, ConfigError, FreeError, InvariantViolation, MarkError, OrderError, PutBackError,
 };
 pub use manager::{
-    AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, ReportNotifier, ReportVerdict,
-    ReportedNotZero, Zeroing,
+    AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, PutBack, ReportNotifier,
+    ReportedNotZero, Verdict, Zeroing,
 };
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
 pub use stats::{FreeCounts, Stats, ZoneInfo};

@@ -151,16 +151,28 @@ pub enum FreeHint {
     KnownZero,
 }
 
-/// The host's answer for one reported (isolated) block.
+/// The host's answer for one reported block: did it zero it? The one vocabulary for that
+/// question in the allocator, the reporting engine and the guest driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReportVerdict {
-    /// Reported, and the host guarantees the block now reads zero.
+pub enum Verdict {
+    /// The host guarantees the block now reads zero (its backing was discarded by an
+    /// operation that refaults zero). The block goes back reported and known zero.
     Zeroed,
-    /// Reported, no promise about contents: `known_zero` stays what it was (a discard that
-    /// does not zero, like MADV_FREE, leaves old contents, which were zero if known zero).
+    /// The host took the block but promises nothing about its contents (lazy discard, a
+    /// hold not yet over, a host without zero hints). Reported; `known_zero` stays what it
+    /// was (a discard that does not zero, like MADV_FREE, leaves old contents, which were
+    /// zero if known zero).
     NotZeroed,
-    /// The report failed: put back unreported, state otherwise unchanged.
-    Error,
+}
+
+/// How an isolated block goes back to its free list ([`MemoryManager::put_back`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutBack {
+    /// The host took it: reported, known zero iff the verdict says so.
+    Reported(Verdict),
+    /// The report call failed: back in the state it was isolated in (unreported stays
+    /// unreported), never lost.
+    Failed,
 }
 
 /// Called (outside any lock) with the zone after a free left an unreported block of
@@ -210,9 +222,7 @@ pub struct MemoryManager {
 /// Locks a zone. A panic while holding it (only possible in a user `Zeroer` in verify mode,
 /// which runs between consistent states) does not make the state unusable.
 pub(crate) fn lock(slot: &ZoneSlot) -> MutexGuard<'_, Zone> {
-    slot.zone
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    crate::sync::lock(&slot.zone)
 }
 
 impl MemoryManager {

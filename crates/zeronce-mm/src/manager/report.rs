@@ -1,7 +1,7 @@
 //! Reporting-engine primitives of [`MemoryManager`]: isolation, put-back with the host's
 //! verdict, zone snapshots, the reportable-free generation, host zero hints.
 
-use super::{lock, MemoryManager, ReportNotifier, ReportVerdict, ZoneSlot};
+use super::{lock, MemoryManager, PutBack, ReportNotifier, Verdict, ZoneSlot};
 use crate::error::{MarkError, PutBackError};
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{FreeState, Order, PageRange, ZoneId};
@@ -101,11 +101,11 @@ impl MemoryManager {
     }
 
     /// Returns an isolated block with the host's verdict (docs/ARCHITECTURE.md §3): `Zeroed` → reported +
-    /// known zero; `NotZeroed` → reported, known_zero unchanged; `Error` → the state it was
+    /// known zero; `NotZeroed` → reported, known_zero unchanged; `Failed` → the state it was
     /// isolated in (unreported for blocks from `isolate_unreported`). Then merges with free buddies (∧ rule). In verify mode a `Zeroed`
     /// verdict is checked; if false the block is put back reported and *not* known zero and
     /// the error says so (the block is never lost).
-    pub fn put_back(&self, block: Block, verdict: ReportVerdict) -> Result<(), PutBackError> {
+    pub fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError> {
         let slot = self
             .slot_of(block.pfn)
             .ok_or(PutBackError::NotOwned(block.pfn))?;
@@ -113,16 +113,16 @@ impl MemoryManager {
         let old = zone
             .isolated_state(block)
             .ok_or(PutBackError::NotIsolated(block))?;
-        let new = match verdict {
-            ReportVerdict::Zeroed => FreeState::REPORTED_ZERO,
-            ReportVerdict::NotZeroed => FreeState {
+        let new = match how {
+            PutBack::Reported(Verdict::Zeroed) => FreeState::REPORTED_ZERO,
+            PutBack::Reported(Verdict::NotZeroed) => FreeState {
                 known_zero: old.known_zero,
                 reported: true,
             },
-            ReportVerdict::Error => old,
+            PutBack::Failed => old,
         };
         // The block is isolated: nobody else reads or writes it while we verify.
-        if verdict == ReportVerdict::Zeroed
+        if how == PutBack::Reported(Verdict::Zeroed)
             && self.config.verify
             && !self.zeroer.is_zero(block.range())
         {

@@ -1,20 +1,10 @@
 //! What the engine talks to: the reporting device (the host side) and the allocator hooks.
 
 use crate::error::PutBackError;
+use crate::manager::{PutBack, Verdict};
 use crate::types::{Block, Order, PageRange, ZoneId};
 use std::time::Instant;
 use thiserror::Error;
-
-/// The device's answer for one block of a successful report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// The device guarantees the block now reads zero (its backing was discarded by an
-    /// operation that refaults zero). The block goes back reported and known zero.
-    Zeroed,
-    /// The device took the block but promises nothing about its contents (lazy discard,
-    /// a hold time not yet over, a host without zero feedback). Reported, not known zero.
-    NotZeroed,
-}
 
 /// A whole report call failed: every block of the batch goes back unreported and the pass
 /// stops (Linux: `page_reporting_drain(..., !err)` then exit).
@@ -85,16 +75,6 @@ pub enum Wanted {
     Unreported,
     /// Reported but not known zero: a settle pass (held or lazily discarded blocks).
     ReportedNotZero,
-}
-
-/// How an isolated block goes back to its free list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PutBack {
-    /// The device took it: reported, known zero iff the verdict says so.
-    Reported(Verdict),
-    /// The report call failed: back in the state it was isolated in (unreported stays
-    /// unreported), never lost.
-    Failed,
 }
 
 /// What the engine needs from the allocator (implemented by [`crate::MemoryManager`]).

@@ -3,9 +3,11 @@
 //! flush. Pure logic: time is a parameter, the device and allocator are traits.
 
 use super::config::{ReportingConfig, ReportingConfigError};
-use super::device::{PutBack, ReportError, ReportingDevice, ReportingHooks, Verdict, Wanted};
+use super::device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 use super::state::{Phase, RequestState};
 use crate::error::PutBackError;
+use crate::manager::{PutBack, Verdict};
+use crate::sync::lock;
 use crate::types::{Block, Order, PageRange, ZoneId};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -128,7 +130,7 @@ impl ReportingEngine {
 
     /// Lifetime counters.
     pub fn stats(&self) -> ReportingStats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.stats)
     }
 
     /// Free-path hook (Linux `page_reporting_notify_free`): a block of `order` (after
@@ -145,7 +147,7 @@ impl ReportingEngine {
     /// Worker: a request is pending and not yet scheduled → start the delay now and take the
     /// churn mark. Idempotent.
     pub fn arm(&self, hooks: &impl ReportingHooks, now: Instant) {
-        let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock(&self.schedule);
         if s.due.is_none() && self.state.phase() == Phase::Requested {
             // A delay past what the clock can represent: never (passes only on flush).
             s.due = now.checked_add(self.config.delay);
@@ -156,7 +158,7 @@ impl ReportingEngine {
     /// The next instant the worker must act at: the pending pass, or the device's earliest
     /// hold expiry. `None`: sleep until notified.
     pub fn next_wakeup(&self, device: &impl ReportingDevice) -> Option<Instant> {
-        let due = self.schedule.lock().unwrap_or_else(|e| e.into_inner()).due;
+        let due = lock(&self.schedule).due;
         match (due, device.hold_expiry()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -175,7 +177,7 @@ impl ReportingEngine {
             self.pass(hooks, device, now, PassKind::Settle);
         }
         let quiet = {
-            let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = lock(&self.schedule);
             match s.due {
                 Some(t) if t <= now => s.due = None,
                 _ => return None,
@@ -188,7 +190,7 @@ impl ReportingEngine {
         let report = self.pass_inner(hooks, device, now, PassKind::Scheduled, quiet);
         if self.state.end_pass() {
             // More to do (new frees or a spent budget): Linux reschedules after the delay.
-            let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = lock(&self.schedule);
             s.due = now.checked_add(self.config.delay);
             s.allocs_mark = hooks.reportable_allocs();
         }
@@ -238,7 +240,7 @@ impl ReportingEngine {
         if kind == PassKind::Settle {
             device.end_settle(now);
         }
-        let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.stats);
         match kind {
             PassKind::Scheduled => st.passes += 1,
             PassKind::Flush { .. } => st.flushes += 1,

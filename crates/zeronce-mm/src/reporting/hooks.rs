@@ -1,8 +1,8 @@
 //! [`ReportingHooks`] for [`MemoryManager`]: the engine's view of the buddy allocator.
 
-use super::device::{PutBack, ReportingHooks, Verdict, Wanted};
+use super::device::{ReportingHooks, Wanted};
 use crate::error::PutBackError;
-use crate::manager::{MemoryManager, ReportVerdict};
+use crate::manager::{MemoryManager, PutBack};
 use crate::types::{Block, Order, ZoneId};
 
 impl ReportingHooks for MemoryManager {
@@ -42,12 +42,7 @@ impl ReportingHooks for MemoryManager {
     }
 
     fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError> {
-        let verdict = match how {
-            PutBack::Reported(Verdict::Zeroed) => ReportVerdict::Zeroed,
-            PutBack::Reported(Verdict::NotZeroed) => ReportVerdict::NotZeroed,
-            PutBack::Failed => ReportVerdict::Error,
-        };
-        MemoryManager::put_back(self, block, verdict)
+        MemoryManager::put_back(self, block, how)
     }
 
     fn reportable_allocs(&self) -> u64 {

@@ -35,11 +35,12 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
+pub use crate::manager::{PutBack, Verdict};
 pub use config::{
     BudgetPolicy, ReportingConfig, ReportingConfigError, BUDGET_DIVISOR, DEFAULT_CAPACITY,
     DEFAULT_DELAY,
 };
-pub use device::{PutBack, ReportError, ReportingDevice, ReportingHooks, Verdict, Wanted};
+pub use device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 pub use engine::{PassKind, PassReport, PassStats, ReportingEngine, ReportingStats};
 pub use state::{Phase, RequestState};
 pub use worker::{FreeNotify, Notifier, Reporter};

@@ -7,8 +7,9 @@
 use super::config::{ReportingConfig, ReportingConfigError};
 use super::device::{ReportingDevice, ReportingHooks};
 use super::engine::{PassKind, PassReport, ReportingEngine, ReportingStats};
+use crate::sync::{lock, wait, wait_timeout};
 use crate::types::Order;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -29,10 +30,6 @@ struct Shared<D> {
     device: Mutex<D>,
     wake: Mutex<Wake>,
     cv: Condvar,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<D> Shared<D> {
@@ -227,15 +224,12 @@ fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &Shared<D>, hooks: &H) 
             None => {
                 // IDLE and nothing held: sleep until a reportable free or shutdown.
                 while !wake.notified && !wake.shutdown {
-                    wake = s.cv.wait(wake).unwrap_or_else(|e| e.into_inner());
+                    wake = wait(&s.cv, wake);
                 }
             }
             Some(t) if t > now => {
                 // Delay running: a notify or shutdown may cut it short; then re-evaluate.
-                drop(
-                    s.cv.wait_timeout(wake, t - now)
-                        .unwrap_or_else(|e| e.into_inner()),
-                );
+                drop(wait_timeout(&s.cv, wake, t - now));
             }
             Some(_) => {
                 // Due: run without the wake lock so frees never wait for a pass.

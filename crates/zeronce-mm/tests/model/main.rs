@@ -79,7 +79,7 @@ proptest! {
         prop_assert_eq!(w.mm.stats().cached_pages, 0);
         // Everything given back: all pages free again, nothing lost.
         for b in std::mem::take(&mut w.isolated) {
-            w.mm.put_back(b, ReportVerdict::Error).map_err(|e| fail(&e.to_string()))?;
+            w.mm.put_back(b, PutBack::Failed).map_err(|e| fail(&e.to_string()))?;
         }
         for b in std::mem::take(&mut w.live) {
             w.mm.free(b, FreeHint::Dirty).map_err(|e| fail(&e.to_string()))?;

@@ -298,7 +298,7 @@ impl World {
                 if self.isolated.is_empty() {
                     prop_assert!(self
                         .mm
-                        .put_back(Block::new(Pfn(0), Order::ZERO), ReportVerdict::Error)
+                        .put_back(Block::new(Pfn(0), Order::ZERO), PutBack::Failed)
                         .is_err());
                     return self.unchanged(&before);
                 }
@@ -308,13 +308,14 @@ impl World {
                     return Err(fail("not isolated"));
                 };
                 let verdict = [
-                    ReportVerdict::Zeroed,
-                    ReportVerdict::NotZeroed,
-                    ReportVerdict::Error,
+                    PutBack::Reported(Verdict::Zeroed),
+                    PutBack::Reported(Verdict::NotZeroed),
+                    PutBack::Failed,
                 ][verdict as usize];
-                let lie =
-                    verdict == ReportVerdict::Zeroed && !honest && !self.mem.reads_zero(b.range());
-                if verdict == ReportVerdict::Zeroed && honest {
+                let lie = verdict == PutBack::Reported(Verdict::Zeroed)
+                    && !honest
+                    && !self.mem.reads_zero(b.range());
+                if verdict == PutBack::Reported(Verdict::Zeroed) && honest {
                     // The host discarded the backing: the pages read zero now.
                     self.mem.zero(b.range(), None);
                     self.mem.take_log();
@@ -325,12 +326,12 @@ impl World {
                         prop_assert_eq!(res, Err(PutBackError::VerifyFailed(b)));
                         FreeState::REPORTED_DIRTY
                     }
-                    ReportVerdict::Zeroed => FreeState::REPORTED_ZERO,
-                    ReportVerdict::NotZeroed => FreeState {
+                    PutBack::Reported(Verdict::Zeroed) => FreeState::REPORTED_ZERO,
+                    PutBack::Reported(Verdict::NotZeroed) => FreeState {
                         known_zero: old.known_zero,
                         reported: true,
                     },
-                    ReportVerdict::Error => old,
+                    PutBack::Failed => old,
                 };
                 if !lie {
                     prop_assert_eq!(res, Ok(()));

@@ -259,7 +259,7 @@ impl HugePagePool {
         let allocation = loop {
             match pool.alloc(node, zeroed) {
                 Err(HugePoolError::Exhausted { zeroing, .. }) if zeroing > 0 => {
-                    pool = locked.ready.wait(pool).unwrap_or_else(|e| e.into_inner());
+                    pool = zeronce_mm::sync::wait(&locked.ready, pool);
                 }
                 other => break other?,
             }

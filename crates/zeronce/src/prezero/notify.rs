@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use zeronce_mm::hugepool::{Clock, EventHook, HugePool};
+use zeronce_mm::sync;
 
 /// The real monotonic clock, from the pool's creation.
 #[derive(Debug)]
@@ -128,7 +129,7 @@ impl Locked {
     /// Locks the pool. The pure pool never panics between consistent states, so a
     /// poisoned lock (a panic elsewhere while holding it) still guards a sound pool.
     pub(crate) fn lock(&self) -> MutexGuard<'_, HugePool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+        zeronce_mm::sync::lock(&self.pool)
     }
 
     /// After an operation that may have held an event back: wake the timer thread.
@@ -143,14 +144,10 @@ impl Locked {
         let mut pool = self.lock();
         while !self.shutdown.load(Ordering::Acquire) {
             pool = match pool.poll_events() {
-                None => self.deadline.wait(pool).unwrap_or_else(|e| e.into_inner()),
+                None => sync::wait(&self.deadline, pool),
                 Some(due) => {
                     let now = pool.clock_now().unwrap_or(due);
-                    let wait = due.saturating_sub(now);
-                    self.deadline
-                        .wait_timeout(pool, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    sync::wait_timeout(&self.deadline, pool, due.saturating_sub(now))
                 }
             };
         }

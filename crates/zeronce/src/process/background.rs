@@ -8,11 +8,12 @@
 //! the caller's own thread; [`ZeroerConfig`] starts threads with a priority and a rate.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use zeronce_mem::SharedRam;
+use zeronce_mm::sync::{lock, wait};
 use zeronce_mm::{MemoryManager, PAGE_SIZE};
 
 use super::zeromap::{Site, ZeroMap};
@@ -152,10 +153,6 @@ struct Shared {
     stop: AtomicBool,
 }
 
-fn lock(m: &Mutex<Wake>) -> MutexGuard<'_, Wake> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Background zeroer threads; stopped and joined on drop.
 pub(crate) struct BackgroundZeroer {
     shared: Arc<Shared>,
@@ -215,7 +212,7 @@ fn run(shared: &Shared, target: &Target, rate: Option<u64>) {
         {
             let mut w = lock(&shared.wake);
             while !w.shutdown && (w.paused || !w.pending) {
-                w = shared.cv.wait(w).unwrap_or_else(|e| e.into_inner());
+                w = wait(&shared.cv, w);
             }
             if w.shutdown {
                 return;

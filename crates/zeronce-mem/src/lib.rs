@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod discard;
+pub mod global;
 pub mod ram;
 pub mod resident;
 pub mod shared;

@@ -66,6 +66,11 @@ impl SharedRam {
         self.ram.len()
     }
 
+    /// Address of the first byte (to tell whether a pointer lies inside the RAM).
+    pub fn base_addr(&self) -> usize {
+        self.ram.as_ptr() as usize
+    }
+
     /// Whether the RAM is empty (never, for a mapped `GuestRam`).
     pub fn is_empty(&self) -> bool {
         self.ram.is_empty()
@@ -198,6 +203,40 @@ impl RamRange {
             // Either outcome leaves the byte as it was.
             let _ = byte.compare_exchange(0, 0, Relaxed, Relaxed);
         }
+    }
+
+    /// Address of the first byte (what a global allocator hands out; see
+    /// [`crate::global::Grant`]).
+    pub fn addr(&self) -> usize {
+        self.ptr() as usize
+    }
+
+    /// Discards `len` bytes from byte `start` of the range (page-aligned, inside it) with
+    /// `op`, like [`RamRange::discard`] on that part; a part outside the range is refused
+    /// as [`DiscardError::OutOfRange`].
+    pub fn discard_part(
+        &mut self,
+        start: usize,
+        len: usize,
+        op: DiscardOp,
+    ) -> Result<ZeroGuarantee, DiscardError> {
+        let inside = start.checked_add(len).is_some_and(|end| end <= self.len);
+        if !inside {
+            return Err(DiscardError::OutOfRange {
+                start,
+                len,
+                limit: self.len,
+            });
+        }
+        let backing = self.ram.backing();
+        let file = self
+            .ram
+            .ram
+            .fd()
+            .map(|fd| (fd, (self.offset + start) as u64));
+        // SAFETY: as `discard`, on a part of this exclusively claimed range (checked above).
+        unsafe { discard_raw(self.ptr().wrapping_add(start), len, op, backing, file) }?;
+        Ok(op.zero_guarantee(backing))
     }
 
     /// Discards the range with `op` (page-aligned; whole huge pages for hugetlb) and says

@@ -126,7 +126,9 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
                 let taken = zone.take(order, crate::zone::Search::DIRTY);
                 drop(zone);
                 if let Some((block, prior)) = taken {
-                    return self.mm.prepare(slot, ZoneId(z), block, prior, req);
+                    return self
+                        .mm
+                        .prepare(slot, ZoneId(z), block, prior, req, order.pages());
                 }
                 continue;
             }

@@ -509,3 +509,30 @@ fn manager_is_send_and_sync_and_caches_are_send() {
     send_sync::<MemoryManager>();
     send::<PcpCache<Arc<MemoryManager>>>();
 }
+
+#[test]
+fn a_block_grows_in_place_only_over_whole_free_upper_buddies() {
+    // 64 pages, max order 6: one free block of order 6.
+    let (mm, _) = manager(64, 6, false);
+    let a = mm.alloc(o(4), AllocRequest::DIRTY).unwrap().block;
+    assert_eq!(a, blk(0, 4));
+    // Pages 16..32 and 32..64 are free: grows to order 5, then 6.
+    assert_eq!(mm.grow_in_place(a, o(5)).unwrap(), Some(blk(0, 5)));
+    mm.check_invariants().unwrap();
+    let b = mm.grow_in_place(blk(0, 5), o(6)).unwrap().unwrap();
+    assert_eq!((b, mm.stats().allocated_pages), (blk(0, 6), 64));
+    mm.check_invariants().unwrap();
+    mm.free(b, FreeHint::Dirty).unwrap();
+    // An upper buddy partly allocated: nothing changes.
+    let a = mm.alloc(o(4), AllocRequest::DIRTY).unwrap().block;
+    let c = mm.alloc(o(4), AllocRequest::DIRTY).unwrap().block;
+    assert_eq!(c, blk(16, 4));
+    assert_eq!(mm.grow_in_place(a, o(5)).unwrap(), None);
+    assert_eq!(
+        mm.grow_in_place(c, o(5)).unwrap(),
+        None,
+        "not the lower buddy"
+    );
+    assert!(mm.grow_in_place(blk(32, 4), o(5)).is_err(), "not allocated");
+    mm.check_invariants().unwrap();
+}

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use zeronce_mem::{ClaimError, RamRange, SharedRam};
+use zeronce_mem::{ClaimError, DiscardError, DiscardOp, RamRange, SharedRam, ZeroGuarantee};
 use zeronce_mm::{Order, Pfn};
 
 /// The claimed bytes of a block; empty once released.
@@ -43,6 +43,19 @@ impl HeldBytes {
     pub(crate) fn zero(&mut self) {
         if let Some(r) = self.0.as_mut() {
             r.zero(None);
+        }
+    }
+
+    /// Discards `len` bytes from byte `start` of the held bytes with `op`.
+    pub(crate) fn discard_part(
+        &mut self,
+        start: usize,
+        len: usize,
+        op: DiscardOp,
+    ) -> Result<ZeroGuarantee, DiscardError> {
+        match self.0.as_mut() {
+            Some(r) => r.discard_part(start, len, op),
+            None => Err(DiscardError::Empty { addr: start }),
         }
     }
 

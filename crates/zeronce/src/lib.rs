@@ -40,11 +40,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod global;
 mod held;
 mod managed;
 pub mod process;
 pub mod vm;
 
+pub use global::{ProcessBackend, ZeronceAlloc};
 pub use process::{
     Builder, DeviceStats, Error, HostPolicy, PageBlock, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,

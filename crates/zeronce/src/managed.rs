@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use zeronce_mem::SharedRam;
+use zeronce_mem::{DiscardOp, SharedRam};
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
     AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
-    Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER,
+    Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
 
 use crate::held::HeldBytes;
@@ -167,13 +167,24 @@ impl<D: ReportingDevice + 'static> Home for Core<D> {
 pub(crate) fn alloc_block(
     home: Arc<dyn Home>,
     order: Order,
+    req: AllocRequest,
+) -> Result<PageBlock, Error> {
+    alloc_prefix(home, order, req, order.pages())
+}
+
+/// [`alloc_block`] for a caller using only the first `used_pages` pages: a zero-request
+/// zeroes only those.
+pub(crate) fn alloc_prefix(
+    home: Arc<dyn Home>,
+    order: Order,
     mut req: AllocRequest,
+    used_pages: u64,
 ) -> Result<PageBlock, Error> {
     let life = home.life();
     if life.is_some_and(|l| l.init_on_alloc) {
         req.zeroed = true;
     }
-    let alloc = home.mm().alloc(order, req)?;
+    let alloc = home.mm().alloc_prefix(order, req, used_pages)?;
     if let Some(l) = life {
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
         l.map.handed_out(alloc.block);
@@ -236,7 +247,48 @@ impl PageBlock {
         self.release(FreeHint::KnownZero)
     }
 
-    fn release(&mut self, mut hint: FreeHint) -> Result<(), Error> {
+    /// Discards the pages from `from_page` to the end of the block (their backing goes,
+    /// they read zero afterwards when the backing guarantees it: returned).
+    pub(crate) fn discard_tail(&mut self, from_page: u64) -> Result<bool, Error> {
+        let pages = self.alloc.block.order.pages();
+        if from_page >= pages {
+            return Ok(true);
+        }
+        let op = DiscardOp::best_for(self.home.ram().backing());
+        let start = (from_page * PAGE_SIZE) as usize;
+        let len = ((pages - from_page) * PAGE_SIZE) as usize;
+        Ok(self.bytes.discard_part(start, len, op)?.is_zeroed())
+    }
+
+    /// Grows the block in place to `order` when its upper buddies are free; whether it
+    /// did (the grown part's contents are unspecified).
+    pub(crate) fn grow_in_place(&mut self, order: Order) -> Result<bool, Error> {
+        let old = self.alloc.block;
+        let Some(grown) = self.home.mm().grow_in_place(old, order)? else {
+            return Ok(false);
+        };
+        if let Some(l) = self.home.life() {
+            l.map.handed_out(grown);
+        }
+        self.alloc.block = grown;
+        // The claim follows the block: the old bytes' claim ends, the grown block's begins.
+        self.bytes.release();
+        self.bytes = HeldBytes::claim(self.home.ram(), grown.pfn, grown.order)?;
+        Ok(true)
+    }
+
+    /// Frees the block (dirty), vouching that every page from `zero_from` on reads zero
+    /// (never written, or discarded): those chunks are not zeroed again.
+    pub(crate) fn free_with_zero_tail(mut self, zero_from: u64) -> Result<(), Error> {
+        self.release_with(FreeHint::Dirty, zero_from)
+    }
+
+    fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
+        self.release_with(hint, self.alloc.block.order.pages())
+    }
+
+    /// Frees with `hint`, the pages from `zero_from` on known to read zero.
+    fn release_with(&mut self, mut hint: FreeHint, zero_from: u64) -> Result<(), Error> {
         if !self.bytes.is_held() {
             return Ok(());
         }
@@ -248,7 +300,12 @@ impl PageBlock {
                 hint = FreeHint::KnownZero;
             }
             // While the block is still ours: a zeroer must not see it free before this.
-            l.map.freed(block, hint == FreeHint::KnownZero);
+            let zero_from = if hint == FreeHint::KnownZero {
+                0
+            } else {
+                zero_from
+            };
+            l.map.freed(block, zero_from);
         }
         // Our claim must go before the manager (or the verify read) can touch the block.
         self.bytes.release();

@@ -403,8 +403,11 @@ fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, RamError> {
         size,
         page_size: PAGE_SIZE,
     })?;
+    // No swap reserved up front (`MAP_NORESERVE`): a large range costs nothing until
+    // touched, whatever the overcommit heuristic thinks of its size.
+    let flags = MapFlags::PRIVATE | MapFlags::NORESERVE;
     // SAFETY: a new private mapping at a kernel-chosen address aliases no Rust object.
-    let raw = unsafe { mmap_anonymous(std::ptr::null_mut(), padded, rw, MapFlags::PRIVATE) }
+    let raw = unsafe { mmap_anonymous(std::ptr::null_mut(), padded, rw, flags) }
         .map_err(os("mmap"))?
         .cast::<u8>();
     let head = raw.align_offset(HUGE_PAGE_2M);

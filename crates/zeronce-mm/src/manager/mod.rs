@@ -16,6 +16,7 @@ use std::sync::atomic::{
 };
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+mod grow;
 mod report;
 
 /// Configuration of a [`MemoryManager`].
@@ -312,6 +313,18 @@ impl MemoryManager {
     /// Allocates a block of `order`: zones in order, in each the search policy of
     /// [`AllocRequest`] (see the crate docs); zeroes it unless not requested or known zero.
     pub fn alloc(&self, order: Order, req: AllocRequest) -> Result<Allocation, AllocError> {
+        self.alloc_prefix(order, req, order.pages())
+    }
+
+    /// [`MemoryManager::alloc`] for a caller that uses only the first `used_pages` pages
+    /// of the block (a size that is not a power of two): a zero-request zeroes only those,
+    /// so the tail is neither written nor faulted in. The tail's contents are unspecified.
+    pub fn alloc_prefix(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<Allocation, AllocError> {
         if order > self.config.max_order {
             self.counters.alloc_failures.fetch_add(1, Relaxed);
             return Err(AllocError::OrderTooLarge {
@@ -323,14 +336,15 @@ impl MemoryManager {
         for (i, slot) in self.zones.iter().enumerate() {
             let taken = lock(slot).take(order, search);
             if let Some((block, prior)) = taken {
-                return self.prepare(slot, ZoneId(i), block, prior, req);
+                return self.prepare(slot, ZoneId(i), block, prior, req, used_pages);
             }
         }
         self.counters.alloc_failures.fetch_add(1, Relaxed);
         Err(AllocError::OutOfMemory(order))
     }
 
-    /// `post_alloc_hook`: zero (outside the lock) unless not requested or known zero.
+    /// `post_alloc_hook`: zero (outside the lock) the first `used` pages unless not
+    /// requested or known zero.
     pub(crate) fn prepare(
         &self,
         slot: &ZoneSlot,
@@ -338,6 +352,7 @@ impl MemoryManager {
         block: Block,
         prior: FreeState,
         req: AllocRequest,
+        used: u64,
     ) -> Result<Allocation, AllocError> {
         let zeroing = if !req.zeroed {
             // Flags dropped: the caller gets whatever the pages hold.
@@ -363,12 +378,11 @@ impl MemoryManager {
             self.counters.zero_requests_skipped.fetch_add(1, Relaxed);
             Zeroing::Skipped
         } else {
-            // Only a hint inside the block means anything to the zeroer.
-            let hint = req.hint.filter(|h| block.range().contains(*h));
-            self.zeroer.zero(block.range(), hint);
-            self.counters
-                .bytes_zeroed
-                .fetch_add(block.order.bytes(), Relaxed);
+            let range = PageRange::new(block.pfn, used.clamp(1, block.order.pages()));
+            // Only a hint inside the range means anything to the zeroer.
+            let hint = req.hint.filter(|h| range.contains(*h));
+            self.zeroer.zero(range, hint);
+            self.counters.bytes_zeroed.fetch_add(range.bytes(), Relaxed);
             Zeroing::Done
         };
         if req.zeroed {

@@ -493,3 +493,36 @@ impl Zone {
         }
     }
 }
+
+impl Zone {
+    /// Grows allocated `block` (checked, aligned to `order`, inside the zone) to `order`
+    /// by taking its upper buddies off the free lists, if every one is a whole free block;
+    /// whether it did (nothing changes otherwise).
+    pub fn grow(&mut self, block: Block, order: Order) -> bool {
+        let uppers: Vec<(u32, Order, FreeState)> = block
+            .order
+            .up_to(order)
+            .take_while(|&o| o < order)
+            .map_while(|o| {
+                let idx = self.idx(Pfn(block.pfn.0 + o.pages()));
+                match self.tags.get(idx) {
+                    Tag::Free { order: b, state } if b == o => Some((idx, o, state)),
+                    _ => None,
+                }
+            })
+            .collect();
+        if uppers.len() != (order.get() - block.order.get()) as usize {
+            return false;
+        }
+        for (idx, o, state) in uppers {
+            self.lists.remove(&mut self.links, idx, o, state);
+            self.tags.set(idx, Tag::Tail);
+            self.free_pages -= o.pages();
+        }
+        self.tags.set(self.idx(block.pfn), Tag::Allocated { order });
+        // As if the block had been freed and the grown one allocated.
+        self.counters.frees[block.order.index()] += 1;
+        self.counters.allocs[order.index()] += 1;
+        true
+    }
+}

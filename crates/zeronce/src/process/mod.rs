@@ -92,6 +92,9 @@ pub enum Error {
     /// A handed-out block's bytes were still claimed (a bug).
     #[error(transparent)]
     Claim(#[from] ClaimError),
+    /// Discarding part of a block failed.
+    #[error(transparent)]
+    Discard(#[from] zeronce_mem::DiscardError),
     /// The background zeroer threads could not be started.
     #[error("starting the background zeroer: {0}")]
     Thread(#[from] std::io::Error),
@@ -310,6 +313,18 @@ impl ProcessMemory {
     /// Allocates with an explicit request (zeroing, hint page).
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
         managed::alloc_block(Arc::clone(&self.inner) as _, order, req)
+    }
+
+    /// [`ProcessMemory::alloc_with`] for a caller that uses only the first `used_pages`
+    /// pages (a size that is not a power of two): a zero-request zeroes only those, so the
+    /// rest is neither written nor faulted in.
+    pub fn alloc_prefix(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<PageBlock, Error> {
+        managed::alloc_prefix(Arc::clone(&self.inner) as _, order, req, used_pages)
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles

@@ -149,16 +149,20 @@ impl ZeroMap {
         self.set(i, USED) == ZERO
     }
 
-    /// A block is being freed by its owner, `zero` if it reads zero: the chunks it covers
-    /// whole become `Dirty` or `Zero`; chunks shared with other blocks stay `Used`.
-    pub(crate) fn freed(&self, block: Block, zero: bool) {
+    /// A block is being freed by its owner, its pages from `zero_from` on reading zero
+    /// (0: all of it; the block's page count: none): the chunks it covers whole become
+    /// `Zero` where they read zero, else `Dirty`; chunks shared with other blocks stay
+    /// `Used`.
+    pub(crate) fn freed(&self, block: Block, zero_from: u64) {
         self.counters.freed.fetch_add(block.order.bytes(), Relaxed);
         if block.order < self.chunk_order {
             return;
         }
-        let new = if zero { ZERO } else { DIRTY };
+        let pages = self.chunk_order.pages();
+        let first_zero = block.pfn.0 + zero_from.div_ceil(pages) * pages;
         for i in self.overlapping(block.range()) {
-            self.set(i, new);
+            let zero = self.chunk_range(i).start.0 >= first_zero;
+            self.set(i, if zero { ZERO } else { DIRTY });
         }
     }
 

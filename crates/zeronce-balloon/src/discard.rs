@@ -10,10 +10,10 @@
 //! | policy | op | when | zero promise |
 //! |---|---|---|---|
 //! | [`DiscardPolicy::Immediate`] | best op for the backing (DONTNEED / punch hole) | before the descriptor is used | iff the op guarantees zero for the backing and succeeded |
-//! | [`DiscardPolicy::Held`] | same | at the first [`crate::BalloonDevice::tick`] after the deadline; **the descriptor is held until then** | same, decided at completion |
+//! | [`DiscardPolicy::Hold`] | same | at the first [`crate::BalloonDevice::tick`] after the deadline; **the descriptor is held until then** | same, decided at completion |
 //! | [`DiscardPolicy::Lazy`] | `MADV_FREE` (private anonymous); best op elsewhere | before the descriptor is used | never |
 //!
-//! Why `Held` holds the descriptor instead of acknowledging at once and discarding later:
+//! Why `Hold` holds the descriptor instead of acknowledging at once and discarding later:
 //! once a reporting buffer is used, the guest puts the pages back on its free lists and may
 //! allocate and write them at any time, so a later discard would destroy live guest data,
 //! and "no promise" would not make that safe. Holding the descriptor is the only honest
@@ -70,12 +70,10 @@ pub enum DiscardPolicy {
     /// Discard before using the descriptor (default).
     #[default]
     Immediate,
-    /// Hold the descriptor, discard after `delay` from [`crate::BalloonDevice::tick`],
-    /// then use the descriptor with the verdict.
-    Held {
-        /// How long to hold.
-        delay: Duration,
-    },
+    /// Hold the descriptor for the given time, discard from [`crate::BalloonDevice::tick`],
+    /// then use the descriptor with the verdict (as the process-mode host policy
+    /// `HostPolicy::Hold` keeps reported blocks resident before discarding them).
+    Hold(Duration),
     /// `MADV_FREE` where the backing allows it; never promises zero.
     Lazy,
 }
@@ -254,7 +252,7 @@ where
 /// panicking on the first request.
 pub fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
     match policy {
-        DiscardPolicy::Held { delay } => Some(deadline_after(now, delay)),
+        DiscardPolicy::Hold(delay) => Some(deadline_after(now, delay)),
         _ => None,
     }
 }
@@ -273,9 +271,7 @@ mod tests {
         for b in [Backing::PrivateAnonymous, Backing::SharedFile, HUGE] {
             assert!(!lazy.promises_zero(b));
             assert!(DiscardPolicy::Immediate.promises_zero(b));
-            let held = DiscardPolicy::Held {
-                delay: Duration::from_secs(1),
-            };
+            let held = DiscardPolicy::Hold(Duration::from_secs(1));
             assert!(held.promises_zero(b));
         }
     }
@@ -284,10 +280,7 @@ mod tests {
     fn hold_deadline_only_for_held() {
         let now = Instant::now();
         let d = Duration::from_millis(5);
-        assert_eq!(
-            hold_deadline(DiscardPolicy::Held { delay: d }, now),
-            Some(now + d)
-        );
+        assert_eq!(hold_deadline(DiscardPolicy::Hold(d), now), Some(now + d));
         assert_eq!(hold_deadline(DiscardPolicy::Immediate, now), None);
         assert_eq!(hold_deadline(DiscardPolicy::Lazy, now), None);
     }

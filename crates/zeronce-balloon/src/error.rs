@@ -244,7 +244,7 @@ pub enum BalloonError {
         /// The unoffered bits.
         bits: u64,
     },
-    /// A chain head published again while the device holds it (held policy): refused,
+    /// A chain head published again while the device holds it (hold policy): refused,
     /// so a guest cannot grow the held list without bound.
     #[error("{queue:?}: descriptor {head} made available again while held")]
     DescriptorInFlight {

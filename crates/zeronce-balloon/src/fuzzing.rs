@@ -88,9 +88,7 @@ pub fn run(data: &[u8]) -> FuzzOutcome {
             .expect("harness memory");
     let policy = match c.u8() % 3 {
         0 => DiscardPolicy::Immediate,
-        1 => DiscardPolicy::Held {
-            delay: Duration::from_millis(10),
-        },
+        1 => DiscardPolicy::Hold(Duration::from_millis(10)),
         _ => DiscardPolicy::Lazy,
     };
     let mut discarder = RecordingDiscarder::default();

@@ -1,5 +1,5 @@
 //! Requests the device has accepted but not yet returned to the guest: the held list
-//! (held policy) and the requests of the batch being served, with the memory they will
+//! (hold policy) and the requests of the batch being served, with the memory they will
 //! discard and the buffers the device will still write.
 //!
 //! Two rules live here:

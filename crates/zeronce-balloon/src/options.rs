@@ -36,7 +36,7 @@ pub struct QueueReport {
     pub chains: usize,
     /// Chains refused as malformed (returned with `used_len` 0, or held on statsq).
     pub malformed: usize,
-    /// Chains held (held policy, or the stats buffer).
+    /// Chains held (hold policy, or the stats buffer).
     pub held: usize,
     /// `(head, used_len)` of each chain used, in order.
     pub used: Vec<(u16, u32)>,

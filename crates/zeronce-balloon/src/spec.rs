@@ -44,7 +44,7 @@ pub mod limits {
     pub const MAX_CHAIN_DESCRIPTORS: usize = 64;
     /// Most PFNs in one inflate/deflate request (Linux sends ≤ 256).
     pub const MAX_PFNS_PER_REQUEST: usize = 64 * 1024;
-    /// The one bound on held work (held policy), in bytes of host memory: every held
+    /// The one bound on held work (hold policy), in bytes of host memory: every held
     /// request's payload counts against it, 4 bytes per inflate PFN and one planned
     /// discard (`size_of::<PlannedDiscard>()`, 56 bytes) per reported block. A request
     /// that would exceed it is served at once, with its honest verdict. On top of it

@@ -498,9 +498,7 @@ fn a_bogus_available_index_is_survived() {
 fn a_held_descriptor_published_again_is_refused() {
     let mem = mem_with_hole();
     let opts = BalloonOptions {
-        policy: zeronce_balloon::DiscardPolicy::Held {
-            delay: std::time::Duration::from_secs(1),
-        },
+        policy: zeronce_balloon::DiscardPolicy::Hold(std::time::Duration::from_secs(1)),
         ..BalloonOptions::default()
     };
     let mut rig = Rig::new(&mem, opts, RecordingDiscarder::zeroing(), &ALL, 16);
@@ -531,7 +529,7 @@ fn a_held_descriptor_published_again_is_refused() {
 
 #[test]
 fn held_inflates_are_bounded_in_total_not_per_head() {
-    // Held policy, a 64-entry queue: one 256 KiB array of 64 Ki PFNs published 20 times.
+    // Hold policy, a 64-entry queue: one 256 KiB array of 64 Ki PFNs published 20 times.
     // A held request keeping its plan (~90 bytes per scattered PFN) would cost ~6 MiB of
     // host memory per descriptor head, ~1.5 GiB for a 256-entry queue, from one guest
     // page of PFNs. At most MAX_HELD_BYTES of work is held in all (4 bytes per PFN); a
@@ -540,7 +538,7 @@ fn held_inflates_are_bounded_in_total_not_per_head() {
     let mem = mem_with_hole();
     let delay = std::time::Duration::from_secs(60);
     let opts = BalloonOptions {
-        policy: zeronce_balloon::DiscardPolicy::Held { delay },
+        policy: zeronce_balloon::DiscardPolicy::Hold(delay),
         ..BalloonOptions::default()
     };
     let mut rig = Rig::new(&mem, opts, RecordingDiscarder::zeroing(), &[], 64);

@@ -25,7 +25,7 @@ const DESC_F_INDIRECT: u16 = 4;
 
 fn held(delay: Duration) -> BalloonOptions {
     BalloonOptions {
-        policy: DiscardPolicy::Held { delay },
+        policy: DiscardPolicy::Hold(delay),
         ..BalloonOptions::default()
     }
 }
@@ -303,8 +303,8 @@ fn indirect_descriptors_are_refused_on_every_queue() {
     assert_eq!(rig.dev.metrics().malformed_count(k), 4);
 }
 
-/// Class 7: `Held { delay: Duration::MAX }` ("never discard") panicked on the first
-/// report (`now + delay`).
+/// Class 7: `Hold(Duration::MAX)` ("never discard") must not panic on the first
+/// report (`now + delay` overflows `Instant`).
 #[test]
 fn a_hold_past_the_clock_does_not_panic() {
     let mem = mem_with_hole();

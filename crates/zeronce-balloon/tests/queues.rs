@@ -372,7 +372,7 @@ fn held_policy_uses_descriptors_only_after_discarding_at_deadline() {
     let mem = mem_with_hole();
     let delay = Duration::from_secs(2);
     let opts = BalloonOptions {
-        policy: DiscardPolicy::Held { delay },
+        policy: DiscardPolicy::Hold(delay),
         ..BalloonOptions::default()
     };
     let fs = [PageReporting, DeviceInitReported];

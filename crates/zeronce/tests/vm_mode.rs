@@ -219,9 +219,7 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     // reset (it forgets the held blocks, discarding nothing) and every block goes back
     // unreported.
     let vm = builder()
-        .discard_policy(DiscardPolicy::Held {
-            delay: Duration::from_secs(3600),
-        })
+        .discard_policy(DiscardPolicy::Hold(Duration::from_secs(3600)))
         .driver(DriverOptions {
             timeout: Duration::from_millis(200),
             ..DriverOptions::default()

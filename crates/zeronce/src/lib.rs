@@ -40,8 +40,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod claimed;
 pub mod global;
-mod held;
 mod managed;
 pub mod process;
 pub mod vm;

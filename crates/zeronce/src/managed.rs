@@ -11,7 +11,7 @@ use zeronce_mm::{
     Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
 
-use crate::held::HeldBytes;
+use crate::claimed::ClaimedBytes;
 use crate::process::background::BackgroundZeroer;
 use crate::process::zeromap::{Site, ZeroMap};
 use crate::process::{Error, RamZeroer};
@@ -189,7 +189,7 @@ pub(crate) fn alloc_prefix(
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
         l.map.handed_out(alloc.block);
     }
-    let bytes = match HeldBytes::claim(home.ram(), alloc.block.pfn, alloc.block.order) {
+    let bytes = match ClaimedBytes::claim(home.ram(), alloc.block.pfn, alloc.block.order) {
         Ok(b) => b,
         Err(e) => {
             // Give the block back before reporting the bug.
@@ -206,7 +206,7 @@ pub struct PageBlock {
     home: Arc<dyn Home>,
     alloc: Allocation,
     /// Empty once freed.
-    bytes: HeldBytes,
+    bytes: ClaimedBytes,
 }
 
 impl PageBlock {
@@ -273,7 +273,7 @@ impl PageBlock {
         self.alloc.block = grown;
         // The claim follows the block: the old bytes' claim ends, the grown block's begins.
         self.bytes.release();
-        self.bytes = HeldBytes::claim(self.home.ram(), grown.pfn, grown.order)?;
+        self.bytes = ClaimedBytes::claim(self.home.ram(), grown.pfn, grown.order)?;
         Ok(true)
     }
 
@@ -289,7 +289,7 @@ impl PageBlock {
 
     /// Frees with `hint`, the pages from `zero_from` on known to read zero.
     fn release_with(&mut self, mut hint: FreeHint, zero_from: u64) -> Result<(), Error> {
-        if !self.bytes.is_held() {
+        if !self.bytes.is_claimed() {
             return Ok(());
         }
         let block = self.alloc.block;
@@ -320,7 +320,7 @@ impl PageBlock {
                 if hint == FreeHint::KnownZero {
                     // Still ours: take the bytes back so drop frees it dirty.
                     let b = self.alloc.block;
-                    if let Ok(bytes) = HeldBytes::claim(self.home.ram(), b.pfn, b.order) {
+                    if let Ok(bytes) = ClaimedBytes::claim(self.home.ram(), b.pfn, b.order) {
                         self.bytes = bytes;
                     }
                 }

@@ -6,7 +6,7 @@ use zeronce_mm::hugepool::{HugePage, PoolAllocation, PoolZeroing};
 use zeronce_mm::{FreeHint, Zeroer};
 
 use super::{PrezeroError, Shared};
-use crate::held::HeldBytes;
+use crate::claimed::ClaimedBytes;
 
 /// A page allocated from a [`super::HugePagePool`].
 #[derive(Debug)]
@@ -14,7 +14,7 @@ pub struct PoolPage {
     shared: Arc<Shared>,
     allocation: PoolAllocation,
     /// Empty once freed.
-    bytes: HeldBytes,
+    bytes: ClaimedBytes,
 }
 
 impl PoolPage {
@@ -29,7 +29,7 @@ impl PoolPage {
             // Ours alone now (in use); the write happens outside the pool lock.
             shared.zeroer.zero(page.range(), None);
         }
-        match HeldBytes::claim(&shared.ram, page.pfn, page.order) {
+        match ClaimedBytes::claim(&shared.ram, page.pfn, page.order) {
             Ok(bytes) => Ok(PoolPage {
                 shared,
                 allocation,

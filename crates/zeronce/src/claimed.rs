@@ -1,4 +1,4 @@
-//! [`HeldBytes`]: the bytes of an allocated block (buddy block or pool page), held through
+//! [`ClaimedBytes`]: the bytes of an allocated block (buddy block or pool page), claimed through
 //! a [`RamRange`] claim from allocation until the block is given back.
 
 use std::sync::Arc;
@@ -8,17 +8,17 @@ use zeronce_mm::{Order, Pfn};
 
 /// The claimed bytes of a block; empty once released.
 #[derive(Debug)]
-pub(crate) struct HeldBytes(Option<RamRange>);
+pub(crate) struct ClaimedBytes(Option<RamRange>);
 
-impl HeldBytes {
+impl ClaimedBytes {
     /// Claims the bytes of the block at `pfn` of `order`.
     pub(crate) fn claim(ram: &Arc<SharedRam>, pfn: Pfn, order: Order) -> Result<Self, ClaimError> {
         ram.claim(pfn.byte_offset() as usize, order.bytes() as usize)
-            .map(|r| HeldBytes(Some(r)))
+            .map(|r| ClaimedBytes(Some(r)))
     }
 
-    /// Whether the bytes are still held (not released).
-    pub(crate) fn is_held(&self) -> bool {
+    /// Whether the bytes are still claimed (not released).
+    pub(crate) fn is_claimed(&self) -> bool {
         self.0.is_some()
     }
 
@@ -39,7 +39,7 @@ impl HeldBytes {
         }
     }
 
-    /// Zeroes the held bytes (streaming stores from 1 MiB up).
+    /// Zeroes the claimed bytes (streaming stores from 1 MiB up).
     pub(crate) fn zero(&mut self) {
         if let Some(r) = self.0.as_mut() {
             r.zero(None);
@@ -59,7 +59,7 @@ impl HeldBytes {
         }
     }
 
-    /// Whether the held bytes all read zero (`false` once released).
+    /// Whether the claimed bytes all read zero (`false` once released).
     pub(crate) fn is_zero(&self) -> bool {
         self.0.as_ref().is_some_and(|r| r.is_zero())
     }

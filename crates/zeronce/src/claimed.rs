@@ -46,7 +46,7 @@ impl ClaimedBytes {
         }
     }
 
-    /// Discards `len` bytes from byte `start` of the held bytes with `op`.
+    /// Discards `len` bytes from byte `start` of the claimed bytes with `op`.
     pub(crate) fn discard_part(
         &mut self,
         start: usize,

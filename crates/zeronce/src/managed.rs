@@ -17,7 +17,7 @@ use crate::process::zeromap::{Site, ZeroMap};
 use crate::process::{Error, RamZeroer};
 
 /// A manager over some RAM, with reporting to a device of type `D` (or none).
-pub(crate) struct Core<D: ReportingDevice + 'static> {
+pub(crate) struct ManagedMemory<D: ReportingDevice + 'static> {
     // Field order is drop order: the zeroer and reporter threads stop before the manager.
     /// The zero-once lifecycle (process mode only).
     pub(crate) life: Option<Lifecycle>,
@@ -145,13 +145,13 @@ pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
 }
 
 /// What a [`PageBlock`] needs from its owner (and keeps alive).
-pub(crate) trait Home: Send + Sync {
+pub(crate) trait BlockOwner: Send + Sync {
     fn mm(&self) -> &MemoryManager;
     fn ram(&self) -> &Arc<SharedRam>;
     fn life(&self) -> Option<&Lifecycle>;
 }
 
-impl<D: ReportingDevice + 'static> Home for Core<D> {
+impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
     fn mm(&self) -> &MemoryManager {
         &self.mm
     }
@@ -163,47 +163,51 @@ impl<D: ReportingDevice + 'static> Home for Core<D> {
     }
 }
 
-/// Allocates a block of `order` from `home` and claims its bytes.
+/// Allocates a block of `order` from `owner` and claims its bytes.
 pub(crate) fn alloc_block(
-    home: Arc<dyn Home>,
+    owner: Arc<dyn BlockOwner>,
     order: Order,
     req: AllocRequest,
 ) -> Result<PageBlock, Error> {
-    alloc_prefix(home, order, req, order.pages())
+    alloc_prefix(owner, order, req, order.pages())
 }
 
 /// [`alloc_block`] for a caller using only the first `used_pages` pages: a zero-request
 /// zeroes only those.
 pub(crate) fn alloc_prefix(
-    home: Arc<dyn Home>,
+    owner: Arc<dyn BlockOwner>,
     order: Order,
     mut req: AllocRequest,
     used_pages: u64,
 ) -> Result<PageBlock, Error> {
-    let life = home.life();
+    let life = owner.life();
     if life.is_some_and(|l| l.init_on_alloc) {
         req.zeroed = true;
     }
-    let alloc = home.mm().alloc_prefix(order, req, used_pages)?;
+    let alloc = owner.mm().alloc_prefix(order, req, used_pages)?;
     if let Some(l) = life {
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
         l.map.handed_out(alloc.block);
     }
-    let bytes = match ClaimedBytes::claim(home.ram(), alloc.block.pfn, alloc.block.order) {
+    let bytes = match ClaimedBytes::claim(owner.ram(), alloc.block.pfn, alloc.block.order) {
         Ok(b) => b,
         Err(e) => {
             // Give the block back before reporting the bug.
-            let _ = home.mm().free(alloc.block, FreeHint::Dirty);
+            let _ = owner.mm().free(alloc.block, FreeHint::Dirty);
             return Err(e.into());
         }
     };
-    Ok(PageBlock { home, alloc, bytes })
+    Ok(PageBlock {
+        owner,
+        alloc,
+        bytes,
+    })
 }
 
 /// An allocated block of a [`crate::ProcessMemory`] or [`crate::VmMemory`]: owns its
 /// bytes; freed on drop (or with [`PageBlock::free`], which reports errors).
 pub struct PageBlock {
-    home: Arc<dyn Home>,
+    owner: Arc<dyn BlockOwner>,
     alloc: Allocation,
     /// Empty once freed.
     bytes: ClaimedBytes,
@@ -254,7 +258,7 @@ impl PageBlock {
         if from_page >= pages {
             return Ok(true);
         }
-        let op = DiscardOp::best_for(self.home.ram().backing());
+        let op = DiscardOp::best_for(self.owner.ram().backing());
         let start = (from_page * PAGE_SIZE) as usize;
         let len = ((pages - from_page) * PAGE_SIZE) as usize;
         Ok(self.bytes.discard_part(start, len, op)?.is_zeroed())
@@ -264,16 +268,16 @@ impl PageBlock {
     /// did (the grown part's contents are unspecified).
     pub(crate) fn grow_in_place(&mut self, order: Order) -> Result<bool, Error> {
         let old = self.alloc.block;
-        let Some(grown) = self.home.mm().grow_in_place(old, order)? else {
+        let Some(grown) = self.owner.mm().grow_in_place(old, order)? else {
             return Ok(false);
         };
-        if let Some(l) = self.home.life() {
+        if let Some(l) = self.owner.life() {
             l.map.handed_out(grown);
         }
         self.alloc.block = grown;
         // The claim follows the block: the old bytes' claim ends, the grown block's begins.
         self.bytes.release();
-        self.bytes = ClaimedBytes::claim(self.home.ram(), grown.pfn, grown.order)?;
+        self.bytes = ClaimedBytes::claim(self.owner.ram(), grown.pfn, grown.order)?;
         Ok(true)
     }
 
@@ -293,7 +297,7 @@ impl PageBlock {
             return Ok(());
         }
         let block = self.alloc.block;
-        if let Some(l) = self.home.life() {
+        if let Some(l) = self.owner.life() {
             if l.init_on_free && hint == FreeHint::Dirty {
                 self.bytes.zero();
                 l.map.count_zeroed(Site::AtFree, block.order.bytes());
@@ -309,9 +313,9 @@ impl PageBlock {
         }
         // Our claim must go before the manager (or the verify read) can touch the block.
         self.bytes.release();
-        match self.home.mm().free(block, hint) {
+        match self.owner.mm().free(block, hint) {
             Ok(()) => {
-                if let Some(l) = self.home.life() {
+                if let Some(l) = self.owner.life() {
                     l.after_free(block, hint);
                 }
                 Ok(())
@@ -320,7 +324,7 @@ impl PageBlock {
                 if hint == FreeHint::KnownZero {
                     // Still ours: take the bytes back so drop frees it dirty.
                     let b = self.alloc.block;
-                    if let Ok(bytes) = ClaimedBytes::claim(self.home.ram(), b.pfn, b.order) {
+                    if let Ok(bytes) = ClaimedBytes::claim(self.owner.ram(), b.pfn, b.order) {
                         self.bytes = bytes;
                     }
                 }

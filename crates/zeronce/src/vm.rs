@@ -38,7 +38,7 @@ use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::managed::{self, Core, ManagerSettings, PageBlock};
+use crate::managed::{self, ManagedMemory, ManagerSettings, PageBlock};
 use crate::process::Error;
 
 /// The driver of VM mode: over the guest's mapping of the ring area, to a device thread.
@@ -219,7 +219,7 @@ impl VmBuilder {
             "VM mode ready"
         );
         Ok(VmMemory {
-            inner: Arc::new(Core {
+            inner: Arc::new(ManagedMemory {
                 life: None,
                 reporter: Some(reporter),
                 mm,
@@ -237,7 +237,7 @@ impl VmBuilder {
 /// device thread; see the module docs. Cheap to clone (shared); `Send + Sync`.
 #[derive(Clone)]
 pub struct VmMemory {
-    inner: Arc<Core<VmDriver>>,
+    inner: Arc<ManagedMemory<VmDriver>>,
     metrics: Arc<BalloonMetrics>,
     negotiated: FeatureSet,
     reporting_queue_index: u16,

@@ -55,7 +55,7 @@ use zeronce_mm::{
 };
 
 pub use crate::managed::PageBlock;
-use crate::managed::{self, Core, Lifecycle, ManagerSettings};
+use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings};
 use background::{BackgroundZeroer, Target};
 use zeromap::ZeroMap;
 
@@ -255,7 +255,7 @@ impl Builder {
             init_on_alloc: self.init_on_alloc,
         };
         Ok(ProcessMemory {
-            inner: Arc::new(Core {
+            inner: Arc::new(ManagedMemory {
                 life: Some(life),
                 reporter,
                 mm,
@@ -265,7 +265,7 @@ impl Builder {
     }
 }
 
-type Inner = Core<ProcessDevice>;
+type Inner = ManagedMemory<ProcessDevice>;
 
 /// Memory of this process managed by zeronce. Cheap to clone (shared); `Send + Sync`.
 #[derive(Clone)]

@@ -37,7 +37,7 @@ use zeronce_mm::hugepool::{HugePool, HugePoolError, PoolCounters, PoolCounts};
 use zeronce_mm::{Order, PageRange, Pfn, Zeroer, ZoneId, PAGE_SIZE};
 
 use crate::RamZeroer;
-use notify::{EventFd, InstantClock, Locked};
+use notify::{EventFd, InstantClock, PoolState};
 
 /// Why a pool could not be built or used.
 #[derive(Debug, thiserror::Error)]
@@ -158,8 +158,8 @@ impl Builder {
             pool.add_range(ZoneId(node), range, true)?;
             start += count;
         }
-        let locked = Arc::new(Locked::new(pool));
-        let timer_state = Arc::clone(&locked);
+        let state = Arc::new(PoolState::new(pool));
+        let timer_state = Arc::clone(&state);
         let timer = std::thread::Builder::new()
             .name("zeronce-prezero-events".into())
             .spawn(move || timer_state.run_timer())
@@ -169,10 +169,10 @@ impl Builder {
             })?;
         tracing::debug!(pages = self.pages, page_bytes, backing = ?self.backing, "huge-page pool built");
         Ok(HugePagePool {
-            shared: Arc::new(Shared {
+            inner: Arc::new(PoolInner {
                 zeroer: RamZeroer::new(Arc::clone(&ram)),
                 ram,
-                locked,
+                state,
                 events,
                 page_bytes,
             }),
@@ -183,8 +183,8 @@ impl Builder {
 
 /// What the pool's handles share.
 #[derive(Debug)]
-struct Shared {
-    locked: Arc<Locked>,
+struct PoolInner {
+    state: Arc<PoolState>,
     ram: Arc<SharedRam>,
     zeroer: RamZeroer,
     events: Arc<EventFd>,
@@ -195,7 +195,7 @@ struct Shared {
 /// reference or `Arc`; allocated pages ([`PoolPage`]) may outlive it.
 #[derive(Debug)]
 pub struct HugePagePool {
-    shared: Arc<Shared>,
+    inner: Arc<PoolInner>,
     timer: Option<JoinHandle<()>>,
 }
 
@@ -237,12 +237,12 @@ impl HugePagePool {
 
     /// Bytes per page.
     pub fn page_bytes(&self) -> usize {
-        self.shared.page_bytes
+        self.inner.page_bytes
     }
 
     /// What backs the pages.
     pub fn backing(&self) -> BackingKind {
-        self.shared.ram.kind()
+        self.inner.ram.kind()
     }
 
     /// Allocates a page on any node; with `zeroed` it reads zero (pre-zeroed if any page
@@ -254,18 +254,18 @@ impl HugePagePool {
     /// As [`HugePagePool::alloc`], on `node` only (`None`: any). If every free page is
     /// being zeroed, waits for a zeroer to finish one (the seed's `hpage_wait_zeroing`).
     pub fn alloc_on(&self, node: Option<ZoneId>, zeroed: bool) -> Result<PoolPage, PrezeroError> {
-        let locked = &self.shared.locked;
-        let mut pool = locked.lock();
+        let state = &self.inner.state;
+        let mut pool = state.lock();
         let allocation = loop {
             match pool.alloc(node, zeroed) {
                 Err(HugePoolError::Exhausted { zeroing, .. }) if zeroing > 0 => {
-                    pool = zeronce_mm::sync::wait(&locked.ready, pool);
+                    pool = zeronce_mm::sync::wait(&state.ready, pool);
                 }
                 other => break other?,
             }
         };
         drop(pool);
-        PoolPage::new(Arc::clone(&self.shared), allocation)
+        PoolPage::new(Arc::clone(&self.inner), allocation)
     }
 
     /// Zeroes up to `max_pages` zeroable pages (any node, fullest first) on the calling
@@ -293,7 +293,7 @@ impl HugePagePool {
             }
             report.pages += 1;
         }
-        report.bytes = report.pages * self.shared.page_bytes as u64;
+        report.bytes = report.pages * self.inner.page_bytes as u64;
         report.elapsed = start.elapsed();
         report.zeroable_left = self.zeroable_total();
         tracing::debug!(?report, "prezero");
@@ -330,9 +330,9 @@ impl HugePagePool {
 
     /// Takes one zeroable page, zeroes it outside the lock, puts it back known zero.
     fn prezero_one(&self, node: Option<ZoneId>) -> bool {
-        let locked = &self.shared.locked;
+        let state = &self.inner.state;
         let ticket = {
-            let mut pool = locked.lock();
+            let mut pool = state.lock();
             let node = node.or_else(|| {
                 (0..pool.node_count())
                     .map(ZoneId)
@@ -343,56 +343,56 @@ impl HugePagePool {
             };
             ticket
         };
-        self.shared.zeroer.zero(ticket.page().range(), None);
-        let mut pool = locked.lock();
+        self.inner.zeroer.zero(ticket.page().range(), None);
+        let mut pool = state.lock();
         if let Err(e) = pool.finish_zeroing(ticket, true) {
             tracing::error!(%e, "finishing a page this pool handed out failed");
         }
         drop(pool);
-        locked.ready.notify_all();
+        state.ready.notify_all();
         true
     }
 
     /// Zeroable pages of `node`.
     pub fn zeroable(&self, node: ZoneId) -> u64 {
-        self.shared.locked.lock().zeroable(node)
+        self.inner.state.lock().zeroable(node)
     }
 
     /// Zeroable pages of every node.
     pub fn zeroable_total(&self) -> u64 {
-        self.shared.locked.lock().zeroable_total()
+        self.inner.state.lock().zeroable_total()
     }
 
     /// Page counts by state.
     pub fn counts(&self) -> PoolCounts {
-        self.shared.locked.lock().counts()
+        self.inner.state.lock().counts()
     }
 
     /// Counters (allocations served pre-zeroed / zeroed inline, pages pre-zeroed, events).
     pub fn counters(&self) -> PoolCounters {
-        self.shared.locked.lock().counters()
+        self.inner.state.lock().counters()
     }
 
     /// Number of nodes.
     pub fn node_count(&self) -> usize {
-        self.shared.locked.lock().node_count()
+        self.inner.state.lock().node_count()
     }
 
     /// The eventfd: readable when zeroable pages appeared; read it (or call
     /// [`HugePagePool::take_notifications`]) to rearm.
     pub fn notifications(&self) -> BorrowedFd<'_> {
-        self.shared.events.as_fd()
+        self.inner.events.as_fd()
     }
 
     /// Reads and resets the eventfd: events since the last read (0: none).
     pub fn take_notifications(&self) -> u64 {
-        self.shared.events.take()
+        self.inner.events.take()
     }
 
     /// Waits until the eventfd is readable or `timeout` passes (`None`: no limit);
     /// whether it is readable.
     pub fn wait_notification(&self, timeout: Option<Duration>) -> Result<bool, PrezeroError> {
-        self.shared
+        self.inner
             .events
             .wait(timeout)
             .map_err(|errno| PrezeroError::Os {
@@ -403,14 +403,14 @@ impl HugePagePool {
 
     /// Checks the pure pool's invariants (tests).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.shared.locked.lock().check_invariants()
+        self.inner.state.lock().check_invariants()
     }
 
     /// Whether the page at `pfn` reads zero (claims it: not while allocated).
     #[cfg(test)]
     fn reads_zero(&self, pfn: Pfn) -> bool {
-        let range = PageRange::new(pfn, self.shared.page_bytes as u64 / PAGE_SIZE);
-        self.shared.zeroer.is_zero(range)
+        let range = PageRange::new(pfn, self.inner.page_bytes as u64 / PAGE_SIZE);
+        self.inner.zeroer.is_zero(range)
     }
 }
 
@@ -422,7 +422,7 @@ impl AsFd for HugePagePool {
 
 impl Drop for HugePagePool {
     fn drop(&mut self) {
-        self.shared.locked.stop_timer();
+        self.inner.state.stop_timer();
         if let Some(t) = self.timer.take() {
             let _ = t.join();
         }

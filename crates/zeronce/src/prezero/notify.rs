@@ -107,7 +107,7 @@ impl AsFd for EventFd {
 
 /// The pool's state and the condition variables around it.
 #[derive(Debug)]
-pub(crate) struct Locked {
+pub(crate) struct PoolState {
     pub(crate) pool: Mutex<HugePool>,
     /// Wakes the trailing-event thread (a deadline appeared, or shutdown).
     pub(crate) deadline: Condvar,
@@ -116,9 +116,9 @@ pub(crate) struct Locked {
     pub(crate) shutdown: AtomicBool,
 }
 
-impl Locked {
-    pub(crate) fn new(pool: HugePool) -> Locked {
-        Locked {
+impl PoolState {
+    pub(crate) fn new(pool: HugePool) -> PoolState {
+        PoolState {
             pool: Mutex::new(pool),
             deadline: Condvar::new(),
             ready: Condvar::new(),
@@ -153,7 +153,7 @@ impl Locked {
         }
     }
 
-    /// Stops [`Locked::run_timer`].
+    /// Stops [`PoolState::run_timer`].
     pub(crate) fn stop_timer(&self) {
         self.shutdown.store(true, Ordering::Release);
         let _guard = self.lock();

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use zeronce_mm::hugepool::{HugePage, PoolAllocation, PoolZeroing};
 use zeronce_mm::{FreeHint, Zeroer};
 
-use super::{PrezeroError, Shared};
+use super::{PoolInner, PrezeroError};
 use crate::claimed::ClaimedBytes;
 
 /// A page allocated from a [`super::HugePagePool`].
 #[derive(Debug)]
 pub struct PoolPage {
-    shared: Arc<Shared>,
+    inner: Arc<PoolInner>,
     allocation: PoolAllocation,
     /// Empty once freed.
     bytes: ClaimedBytes,
@@ -21,24 +21,24 @@ impl PoolPage {
     /// Zeroes the page if the pool says so, then claims its bytes. On failure the page
     /// goes back to the pool.
     pub(super) fn new(
-        shared: Arc<Shared>,
+        inner: Arc<PoolInner>,
         allocation: PoolAllocation,
     ) -> Result<PoolPage, PrezeroError> {
         let page = allocation.page;
         if allocation.zeroing == PoolZeroing::Required {
             // Ours alone now (in use); the write happens outside the pool lock.
-            shared.zeroer.zero(page.range(), None);
+            inner.zeroer.zero(page.range(), None);
         }
-        match ClaimedBytes::claim(&shared.ram, page.pfn, page.order) {
+        match ClaimedBytes::claim(&inner.ram, page.pfn, page.order) {
             Ok(bytes) => Ok(PoolPage {
-                shared,
+                inner,
                 allocation,
                 bytes,
             }),
             Err(e) => {
-                let mut pool = shared.locked.lock();
+                let mut pool = inner.state.lock();
                 let _ = pool.free(page, FreeHint::Dirty);
-                shared.locked.after_growth(&pool);
+                inner.state.after_growth(&pool);
                 Err(e.into())
             }
         }
@@ -91,12 +91,12 @@ impl PoolPage {
         if !self.bytes.release() {
             return Ok(());
         }
-        let locked = &self.shared.locked;
-        let mut pool = locked.lock();
+        let state = &self.inner.state;
+        let mut pool = state.lock();
         pool.free(self.allocation.page, hint)?;
-        locked.after_growth(&pool);
+        state.after_growth(&pool);
         drop(pool);
-        locked.ready.notify_all();
+        state.ready.notify_all();
         Ok(())
     }
 }

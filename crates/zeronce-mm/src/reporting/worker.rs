@@ -25,14 +25,14 @@ struct Wake {
 /// State shared between the reporter handle, the free path and the worker thread. It does
 /// not hold the allocator, so the allocator may hold it (through its notifier) without a
 /// reference cycle.
-struct Shared<D> {
+struct ReporterState<D> {
     engine: ReportingEngine,
     device: Mutex<D>,
     wake: Mutex<Wake>,
     cv: Condvar,
 }
 
-impl<D> Shared<D> {
+impl<D> ReporterState<D> {
     fn wake(&self, f: impl FnOnce(&mut Wake)) {
         f(&mut lock(&self.wake));
         self.cv.notify_one();
@@ -45,7 +45,7 @@ pub trait FreeNotify: Send + Sync {
     fn freed(&self, order: Order);
 }
 
-impl<D: Send> FreeNotify for Shared<D> {
+impl<D: Send> FreeNotify for ReporterState<D> {
     fn freed(&self, order: Order) {
         // One atomic load unless this free moves the engine out of IDLE.
         if self.engine.notify_free(order) {
@@ -70,7 +70,7 @@ impl Notifier {
 /// Free page reporting running in the background for one allocator and one device.
 /// Dropping it stops the worker cleanly (a pass in progress completes first).
 pub struct Reporter<H: ReportingHooks + Send + Sync + 'static, D: ReportingDevice + 'static> {
-    shared: Arc<Shared<D>>,
+    state: Arc<ReporterState<D>>,
     hooks: Arc<H>,
     thread: Option<JoinHandle<()>>,
 }
@@ -105,15 +105,15 @@ where
             });
         }
         let engine = ReportingEngine::new(config, device.capacity())?;
-        let shared = Arc::new(Shared {
+        let state = Arc::new(ReporterState {
             engine,
             device: Mutex::new(device),
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
         });
         // Initial request (Linux: __page_reporting_request at register time).
-        shared.freed(config.order);
-        let (worker, worker_hooks) = (Arc::clone(&shared), Arc::clone(&hooks));
+        state.freed(config.order);
+        let (worker, worker_hooks) = (Arc::clone(&state), Arc::clone(&hooks));
         let thread = std::thread::Builder::new()
             .name("zeronce-report".into())
             .spawn(move || {
@@ -122,7 +122,7 @@ where
             })
             .expect("spawning the reporting worker thread");
         Ok(Reporter {
-            shared,
+            state,
             hooks,
             thread: Some(thread),
         })
@@ -130,50 +130,50 @@ where
 
     /// The free-path hook to give the allocator (it does not keep the allocator alive).
     pub fn notifier(&self) -> Notifier {
-        Notifier(Arc::clone(&self.shared) as Arc<dyn FreeNotify>)
+        Notifier(Arc::clone(&self.state) as Arc<dyn FreeNotify>)
     }
 
     /// Same as `notifier().freed(order)`.
     pub fn notify_free(&self, order: Order) {
-        self.shared.freed(order);
+        self.state.freed(order);
     }
 
     /// Reports now, up to `max_pages` pages, ignoring the delay and the budget (the 000
     /// seed's flush); also settles expired holds first. Blocks while a pass is running.
     pub fn flush(&self, max_pages: u64) -> PassReport {
-        let mut dev = lock(&self.shared.device);
+        let mut dev = lock(&self.state.device);
         let now = Instant::now();
         if dev.hold_expiry().is_some_and(|t| t <= now) {
-            self.shared
+            self.state
                 .engine
                 .pass(&*self.hooks, &mut *dev, now, PassKind::Settle);
         }
-        self.shared
+        self.state
             .engine
             .pass(&*self.hooks, &mut *dev, now, PassKind::Flush { max_pages })
     }
 
     /// Runs a settle pass now (held blocks whose hold is over get discarded).
     pub fn settle(&self) -> PassReport {
-        let mut dev = lock(&self.shared.device);
-        self.shared
+        let mut dev = lock(&self.state.device);
+        self.state
             .engine
             .pass(&*self.hooks, &mut *dev, Instant::now(), PassKind::Settle)
     }
 
     /// The engine (configuration, phase).
     pub fn engine(&self) -> &ReportingEngine {
-        &self.shared.engine
+        &self.state.engine
     }
 
     /// Lifetime counters.
     pub fn stats(&self) -> ReportingStats {
-        self.shared.engine.stats()
+        self.state.engine.stats()
     }
 
     /// Runs `f` on the device (e.g. to read its own counters); waits for a running pass.
     pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
-        f(&mut lock(&self.shared.device))
+        f(&mut lock(&self.state.device))
     }
 }
 
@@ -183,7 +183,7 @@ where
     D: ReportingDevice + 'static,
 {
     fn drop(&mut self) {
-        self.shared.wake(|w| w.shutdown = true);
+        self.state.wake(|w| w.shutdown = true);
         if let Some(t) = self.thread.take() {
             // A panicked worker already stopped; nothing more to clean up.
             let _ = t.join();
@@ -203,7 +203,7 @@ fn log_pass(r: &PassReport) {
 }
 
 /// Sleep until notified or due, run what is due, repeat; never spins.
-fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &Shared<D>, hooks: &H) {
+fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &ReporterState<D>, hooks: &H) {
     loop {
         lock(&s.wake).notified = false;
         let now = Instant::now();

@@ -146,7 +146,9 @@ struct Wake {
     shutdown: bool,
 }
 
-struct Shared {
+/// What the caller and the zeroer threads share: the wake-up state and its condition
+/// variable.
+struct ZeroerControl {
     wake: Mutex<Wake>,
     cv: Condvar,
     /// Mirrors `paused || shutdown` for the passes (read between chunks).
@@ -155,14 +157,14 @@ struct Shared {
 
 /// Background zeroer threads; stopped and joined on drop.
 pub(crate) struct BackgroundZeroer {
-    shared: Arc<Shared>,
+    control: Arc<ZeroerControl>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl BackgroundZeroer {
     /// Starts `config.threads` threads zeroing `target`.
     pub(crate) fn start(target: Target, config: ZeroerConfig) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
+        let control = Arc::new(ZeroerControl {
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -172,7 +174,7 @@ impl BackgroundZeroer {
             .map(|r| r / config.threads.max(1) as u64);
         let mut threads = Vec::new();
         for n in 0..config.threads {
-            let (shared, target) = (Arc::clone(&shared), target.clone());
+            let (control, target) = (Arc::clone(&control), target.clone());
             let t = std::thread::Builder::new()
                 .name(format!("zeronce-zero-{n}"))
                 .spawn(move || {
@@ -183,54 +185,54 @@ impl BackgroundZeroer {
                             tracing::warn!(%e, nice, "background zeroer: cannot set priority");
                         }
                     }
-                    run(&shared, &target, rate);
+                    run(&control, &target, rate);
                 })?;
             threads.push(t);
         }
-        Ok(BackgroundZeroer { shared, threads })
+        Ok(BackgroundZeroer { control, threads })
     }
 
     /// Chunks were freed: wake a thread.
     pub(crate) fn freed(&self) {
-        lock(&self.shared.wake).pending = true;
-        self.shared.cv.notify_all();
+        lock(&self.control.wake).pending = true;
+        self.control.cv.notify_all();
     }
 
     /// Pauses (the current chunk is finished) or resumes zeroing.
     pub(crate) fn set_paused(&self, paused: bool) {
-        let mut w = lock(&self.shared.wake);
+        let mut w = lock(&self.control.wake);
         w.paused = paused;
         w.pending = true;
-        self.shared.stop.store(paused || w.shutdown, Relaxed);
+        self.control.stop.store(paused || w.shutdown, Relaxed);
         drop(w);
-        self.shared.cv.notify_all();
+        self.control.cv.notify_all();
     }
 }
 
-fn run(shared: &Shared, target: &Target, rate: Option<u64>) {
+fn run(control: &ZeroerControl, target: &Target, rate: Option<u64>) {
     loop {
         {
-            let mut w = lock(&shared.wake);
+            let mut w = lock(&control.wake);
             while !w.shutdown && (w.paused || !w.pending) {
-                w = wait(&shared.cv, w);
+                w = wait(&control.cv, w);
             }
             if w.shutdown {
                 return;
             }
             w.pending = false;
         }
-        target.pass(u64::MAX, &|| shared.stop.load(Relaxed), rate);
+        target.pass(u64::MAX, &|| control.stop.load(Relaxed), rate);
     }
 }
 
 impl Drop for BackgroundZeroer {
     fn drop(&mut self) {
         {
-            let mut w = lock(&self.shared.wake);
+            let mut w = lock(&self.control.wake);
             w.shutdown = true;
-            self.shared.stop.store(true, Relaxed);
+            self.control.stop.store(true, Relaxed);
         }
-        self.shared.cv.notify_all();
+        self.control.cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -80,126 +80,184 @@ impl Cursor<'_> {
     }
 }
 
-/// Runs the harness on `data` (see the module docs).
-pub fn run(data: &[u8]) -> FuzzOutcome {
-    let mut c = Cursor(data);
-    let mem =
-        GuestMemoryMmap::<()>::from_ranges(&REGIONS.map(|(s, l)| (GuestAddress(s), l as usize)))
-            .expect("harness memory");
-    let policy = match c.u8() % 3 {
-        0 => DiscardPolicy::Immediate,
-        1 => DiscardPolicy::Hold(Duration::from_millis(10)),
-        _ => DiscardPolicy::Lazy,
-    };
-    let mut discarder = RecordingDiscarder::default();
-    let huge = Backing::Hugetlb { page_size: 2 << 20 };
-    match c.u8() % 3 {
-        0 => {}
-        1 => drop(discarder.backings.insert(REGIONS[1].0, Backing::SharedFile)),
-        _ => drop(discarder.backings.insert(REGIONS[1].0, huge)),
+/// The device under test, with the recording discarder and interrupt of the harness.
+type Dev = BalloonDevice<RecordingDiscarder, Arc<RecordingInterrupt>>;
+
+/// One run: guest memory, the device, and the driver side of its queues.
+struct Harness {
+    mem: GuestMemoryMmap,
+    dev: Dev,
+    queues: Vec<DriverQueue>,
+    /// The features negotiated first (a well-formed request must work with them at the end).
+    acked: FeatureSet,
+    t0: Instant,
+    out: FuzzOutcome,
+}
+
+impl Harness {
+    /// Policy, region backings, options and features from the first bytes; activated.
+    fn new(c: &mut Cursor<'_>) -> Harness {
+        let mem = GuestMemoryMmap::<()>::from_ranges(
+            &REGIONS.map(|(s, l)| (GuestAddress(s), l as usize)),
+        )
+        .expect("harness memory");
+        let policy = match c.u8() % 3 {
+            0 => DiscardPolicy::Immediate,
+            1 => DiscardPolicy::Hold(Duration::from_millis(10)),
+            _ => DiscardPolicy::Lazy,
+        };
+        let mut discarder = RecordingDiscarder::default();
+        let huge = Backing::Hugetlb { page_size: 2 << 20 };
+        match c.u8() % 3 {
+            0 => {}
+            1 => drop(discarder.backings.insert(REGIONS[1].0, Backing::SharedFile)),
+            _ => drop(discarder.backings.insert(REGIONS[1].0, huge)),
+        }
+        let options = BalloonOptions {
+            offer: FeatureOffer::default(),
+            policy,
+            prefault_on_deflate: c.u8() & 1 == 1,
+            zero_promises: true,
+        };
+        let mut dev =
+            BalloonDevice::new(options, discarder, Arc::new(RecordingInterrupt::default()));
+        let acked = FeatureSet::from_bits(u64::from(c.u8()) | 1 << 32);
+        let _ = dev.ack_features(acked);
+        let acked = acked.intersect(dev.device_features());
+        let (queues, _) = activate(&mut dev, &mem, acked);
+        Harness {
+            mem,
+            dev,
+            queues,
+            acked,
+            t0: Instant::now(),
+            out: FuzzOutcome::default(),
+        }
     }
-    let options = BalloonOptions {
-        offer: FeatureOffer::default(),
-        policy,
-        prefault_on_deflate: c.u8() & 1 == 1,
-        zero_promises: true,
-    };
-    let irq = Arc::new(RecordingInterrupt::default());
-    let mut dev = BalloonDevice::new(options, discarder, Arc::clone(&irq));
-    let acked = FeatureSet::from_bits(u64::from(c.u8()) | 1 << 32);
-    let _ = dev.ack_features(acked);
-    let acked = acked.intersect(dev.device_features());
-    let (mut queues, _) = activate(&mut dev, &mem, acked);
-    let t0 = Instant::now();
-    let mut out = FuzzOutcome::default();
-    let mut steps = 0;
-    while !c.0.is_empty() && steps < 256 {
-        steps += 1;
-        let nq = queues.len().max(1);
+
+    /// One operation chosen by the next byte.
+    fn step(&mut self, c: &mut Cursor<'_>) {
+        let nq = self.queues.len().max(1);
         match c.u8() % 12 {
             10 | 11 => {
                 let q = usize::from(c.u8()) % nq;
-                let kind = dev.layout().and_then(|l| l.kind(q as u16));
-                let bitmap = dev.negotiated().is_some_and(|n| n.inflate_bitmap());
-                let bufs = plausible_request(&mut c, &mem, kind, bitmap);
-                if let Some(dq) = queues.get_mut(q) {
-                    let _ = dq.add_chain(&mem, &bufs);
-                    out.notifications += 1;
-                    if let Ok(r) = dev.process_queue_at(&mem, q as u16, t0) {
-                        out.chains += r.chains;
-                        out.malformed += r.malformed;
-                    }
-                }
+                self.plausible_request(c, q);
             }
             0 => {
                 let q = usize::from(c.u8()) % nq;
-                let bufs: Vec<DriverBuf> = (0..c.u8() % 5 + 1)
-                    .map(|_| DriverBuf {
-                        addr: c.addr(),
-                        len: c.len(),
-                        writable: c.u8() & 1 == 1,
-                    })
-                    .collect();
-                if let Some(dq) = queues.get_mut(q) {
-                    let _ = dq.add_chain(&mem, &bufs);
-                }
+                self.arbitrary_chain(c, q);
             }
             1 => {
                 let q = usize::from(c.u8()) % nq;
-                let (i, a, l, f, n) = (c.u16(), c.addr(), c.len(), c.u16(), c.u16());
-                if let Some(dq) = queues.get_mut(q) {
-                    let _ = dq.write_desc(&mem, i, a, l, f, n);
-                    let _ = dq.publish(&mem, i % QUEUE_SIZE);
-                }
+                self.raw_descriptor(c, q);
             }
             2 => {
                 let at = DATA + u64::from(c.u16()) * 4;
                 let bytes: Vec<u8> = (0..c.u8()).map(|_| c.u8()).collect();
-                let _ = mem.write_slice(&bytes, GuestAddress(at));
+                let _ = self.mem.write_slice(&bytes, GuestAddress(at));
             }
-            3 | 4 => {
-                let index = u16::from(c.u8() % 6);
-                out.notifications += 1;
-                if let Ok(r) = dev.process_queue_at(&mem, index, t0) {
-                    out.chains += r.chains;
-                    out.malformed += r.malformed;
-                }
-            }
+            3 | 4 => self.notify(u16::from(c.u8() % 6)),
             5 => {
-                let _ = dev.tick(&mem, t0 + Duration::from_millis(u64::from(c.u8())));
+                let at = self.t0 + Duration::from_millis(u64::from(c.u8()));
+                let _ = self.dev.tick(&self.mem, at);
             }
             6 => {
                 let (off, len, val) = (u64::from(c.u8() % 24), usize::from(c.u8() % 8), c.u8());
                 let mut buf = vec![val; len];
-                let _ = dev.read_config(off, &mut buf);
-                let _ = dev.write_config(off, &buf);
+                let _ = self.dev.read_config(off, &mut buf);
+                let _ = self.dev.write_config(off, &buf);
             }
             7 => {
-                dev.set_num_pages(c.u32());
-                let _ = dev.request_stats(&mem);
+                self.dev.set_num_pages(c.u32());
+                let _ = self.dev.request_stats(&self.mem);
             }
             8 => {
                 let q = usize::from(c.u8()) % nq;
                 let idx = c.u16();
-                if let Some(dq) = queues.get_mut(q) {
-                    let _ = dq.set_avail_idx(&mem, idx);
+                if let Some(dq) = self.queues.get_mut(q) {
+                    let _ = dq.set_avail_idx(&self.mem, idx);
                 }
             }
             _ => {
                 let acked = FeatureSet::from_bits(u64::from(c.u8()) | 1 << 32)
-                    .intersect(dev.device_features());
-                let _ = dev.ack_features(acked);
-                queues = activate(&mut dev, &mem, acked).0;
+                    .intersect(self.dev.device_features());
+                let _ = self.dev.ack_features(acked);
+                self.queues = activate(&mut self.dev, &self.mem, acked).0;
             }
         }
-        check_used(&mem, &mut queues, dev.layout());
+        check_used(&self.mem, &mut self.queues, self.dev.layout());
     }
-    let _ = dev.tick(&mem, t0 + Duration::from_secs(3600));
-    check_used(&mem, &mut queues, dev.layout());
-    check_discards(&mem, dev.discarder());
-    out.discards = dev.discarder().calls.len();
-    check_still_serves(&mut dev, &mem, acked);
-    out
+
+    /// A request shaped for queue `q`'s kind, added and notified.
+    fn plausible_request(&mut self, c: &mut Cursor<'_>, q: usize) {
+        let kind = self
+            .dev
+            .layout()
+            .and_then(|l| l.kind(u16::try_from(q).ok()?));
+        let bitmap = self.dev.negotiated().is_some_and(|n| n.inflate_bitmap());
+        let bufs = plausible_request(c, &self.mem, kind, bitmap);
+        if let Some(dq) = self.queues.get_mut(q) {
+            let _ = dq.add_chain(&self.mem, &bufs);
+            self.notify(u16::try_from(q).unwrap_or(u16::MAX));
+        }
+    }
+
+    /// A chain of 1 to 5 arbitrary descriptors on queue `q`, not notified.
+    fn arbitrary_chain(&mut self, c: &mut Cursor<'_>, q: usize) {
+        let bufs: Vec<DriverBuf> = (0..c.u8() % 5 + 1)
+            .map(|_| DriverBuf {
+                addr: c.addr(),
+                len: c.len(),
+                writable: c.u8() & 1 == 1,
+            })
+            .collect();
+        if let Some(dq) = self.queues.get_mut(q) {
+            let _ = dq.add_chain(&self.mem, &bufs);
+        }
+    }
+
+    /// One raw descriptor (loops, bad `next`) written into queue `q`'s table and published.
+    fn raw_descriptor(&mut self, c: &mut Cursor<'_>, q: usize) {
+        let (i, a, l, f, n) = (c.u16(), c.addr(), c.len(), c.u16(), c.u16());
+        if let Some(dq) = self.queues.get_mut(q) {
+            let _ = dq.write_desc(&self.mem, i, a, l, f, n);
+            let _ = dq.publish(&self.mem, i % QUEUE_SIZE);
+        }
+    }
+
+    /// Notifies queue `index` (which may not exist).
+    fn notify(&mut self, index: u16) {
+        self.out.notifications += 1;
+        if let Ok(r) = self.dev.process_queue_at(&self.mem, index, self.t0) {
+            self.out.chains += r.chains;
+            self.out.malformed += r.malformed;
+        }
+    }
+
+    /// Completes held work, checks the end-of-run invariants, and says what the run did.
+    fn finish(mut self) -> FuzzOutcome {
+        let _ = self
+            .dev
+            .tick(&self.mem, self.t0 + Duration::from_secs(3600));
+        check_used(&self.mem, &mut self.queues, self.dev.layout());
+        check_discards(&self.mem, self.dev.discarder());
+        self.out.discards = self.dev.discarder().calls.len();
+        check_still_serves(&mut self.dev, &self.mem, self.acked);
+        self.out
+    }
+}
+
+/// Runs the harness on `data` (see the module docs).
+pub fn run(data: &[u8]) -> FuzzOutcome {
+    let mut c = Cursor(data);
+    let mut h = Harness::new(&mut c);
+    for _ in 0..256 {
+        if c.0.is_empty() {
+            break;
+        }
+        h.step(&mut c);
+    }
+    h.finish()
 }
 
 /// A request shaped for `kind`, with fuzz-chosen (mostly valid) contents.

@@ -37,6 +37,28 @@ pub trait Transport: Send {
     fn reset(&mut self) -> Result<(), TransportError>;
 }
 
+/// A boxed transport is a transport (the driver can then be one type whatever carries it).
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn device_features(&mut self) -> Result<FeatureSet, TransportError> {
+        (**self).device_features()
+    }
+    fn set_driver_features(&mut self, features: FeatureSet) -> Result<(), TransportError> {
+        (**self).set_driver_features(features)
+    }
+    fn write_config(&mut self, offset: u64, data: &[u8]) -> Result<(), TransportError> {
+        (**self).write_config(offset, data)
+    }
+    fn activate(&mut self, queues: &[QueueAddrs]) -> Result<(), TransportError> {
+        (**self).activate(queues)
+    }
+    fn notify(&mut self, index: u16) -> Result<(), TransportError> {
+        (**self).notify(index)
+    }
+    fn reset(&mut self) -> Result<(), TransportError> {
+        (**self).reset()
+    }
+}
+
 /// Used-buffer interrupts as the driver sees them: a counter per queue under one mutex,
 /// and a condvar the driver waits on. The device side raises it through
 /// [`InterruptSignal`] (in-process: the device thread calls it directly; a VMM would

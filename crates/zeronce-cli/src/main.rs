@@ -8,6 +8,7 @@
 
 mod bench;
 mod demo;
+mod vhost;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};

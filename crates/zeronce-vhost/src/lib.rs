@@ -12,12 +12,16 @@
 //! - [`control`]: the JSON-lines control socket (target, status, statistics).
 //! - [`cli`]: the `serve` and `balloon` verbs.
 //! - [`path`]: socket path checks.
+//! - [`frontend`]: the other side, for zeronce's own guest driver: its transport over
+//!   vhost-user (rust-vmm `vhost`'s `Frontend`); [`child`]: a `serve` child process.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod child;
 pub mod cli;
 pub mod control;
+pub mod frontend;
 pub mod path;
 pub mod relay;
 pub mod server;

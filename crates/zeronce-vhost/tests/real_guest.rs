@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use zeronce_vhost::control;
+use zeronce_vhost::child::ServeProcess;
 
 const MIB: u64 = 1 << 20;
 /// Generous bound for things that have no required latency (boot, a config change).
@@ -45,55 +45,22 @@ fn require_uml() {
     );
 }
 
-/// A running `zeronce-vhost serve`, killed when dropped.
-struct Daemon {
-    child: Child,
-    control: PathBuf,
-}
+/// A running `zeronce-vhost serve` (SIGTERM when dropped; [`ServeProcess::kill`] for a
+/// crash).
+struct Daemon(ServeProcess);
 
 impl Daemon {
     fn start(socket: &Path) -> Daemon {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_zeronce-vhost"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(socket)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start zeronce-vhost serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("listening"), "daemon said {line:?}");
-        let mut control = socket.as_os_str().to_owned();
-        control.push(".ctl");
-        Daemon {
-            child,
-            control: control.into(),
-        }
+        let bin = Path::new(env!("CARGO_BIN_EXE_zeronce-vhost"));
+        Daemon(ServeProcess::spawn(bin, socket, &[]).expect("start zeronce-vhost serve"))
     }
 
     fn request(&self, req: Value) -> Value {
-        control::request(&self.control, &req).expect("control request")
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        self.child.wait().unwrap()
+        self.0.request(&req).expect("control request")
     }
 
     fn set_target(&self, bytes: u64) {
         self.request(json!({"op": "set", "pages": bytes / 4096}));
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -349,7 +316,7 @@ fn real_linux_guest_reports_inflates_deflates_and_sends_stats() {
     assert!(s["stats"]["total_memory"].as_u64().unwrap() > 0, "{s}");
 
     // (4) The daemon dies mid-run: the guest keeps running and shuts down cleanly.
-    drop(daemon);
+    daemon.0.kill().expect("kill the daemon");
     let (total_after, _) = g.meminfo();
     assert_eq!(total_after, total, "the guest still answers");
     let status = g.halt();
@@ -371,7 +338,8 @@ fn real_linux_guest_reports_inflates_deflates_and_sends_stats() {
     assert!(status.success(), "the second guest's exit: {status}");
     let status = daemon.request(json!({"op": "status"}));
     assert_eq!(status["connections"], 1, "{status}");
-    assert!(daemon.terminate().success(), "SIGTERM: a clean exit");
+    let exit = daemon.0.terminate().expect("SIGTERM the daemon");
+    assert!(exit.success(), "SIGTERM: a clean exit, not {exit}");
     assert!(!socket.exists(), "the socket is removed at shutdown");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -51,7 +51,7 @@ pub use process::{
     Builder, DeviceStats, Error, HostPolicy, PageBlock, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
-pub use vm::{VmBuilder, VmDriver, VmError, VmMemory, VmStats};
+pub use vm::{ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmError, VmMemory, VmStats};
 pub use zeronce_balloon;
 pub use zeronce_balloon_driver;
 pub use zeronce_mem;

@@ -32,7 +32,8 @@ use zeronce_balloon::{
     MetricsSnapshot, MmapDiscarder, StatTag,
 };
 use zeronce_balloon_driver::{
-    BalloonDriver, DriverError, DriverOptions, DriverStats, InProcessTransport, UsedSignal,
+    BalloonDriver, DriverError, DriverOptions, DriverStats, InProcessTransport, Transport,
+    TransportError, UsedSignal,
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
@@ -41,8 +42,36 @@ use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 use crate::managed::{self, ManagedMemory, ManagerSettings, PageBlock};
 use crate::process::Error;
 
-/// The driver of VM mode: over the guest's mapping of the ring area, to a device thread.
-pub type VmDriver = BalloonDriver<GuestMemoryMmap, InProcessTransport>;
+/// The driver of VM mode: over the guest's mapping of the ring area, to the device
+/// wherever it runs ([`DeviceHost`]).
+pub type VmDriver = BalloonDriver<GuestMemoryMmap, Box<dyn Transport>>;
+
+/// Connects the driver to a device outside this process: gets a duplicate of the guest
+/// RAM's file, its size in bytes (guest address 0 up) and the driver's interrupt line,
+/// and returns the driver's transport to the device.
+pub type ConnectDevice =
+    dyn Fn(File, u64, Arc<UsedSignal>) -> Result<Box<dyn Transport>, TransportError> + Send + Sync;
+
+/// Where VM mode's balloon device runs.
+#[derive(Clone, Default)]
+pub enum DeviceHost {
+    /// A thread of this process (the in-process transport); the default.
+    #[default]
+    Thread,
+    /// Elsewhere, e.g. a `zeronce serve` process over vhost-user (`zeronce-vhost`'s
+    /// `VhostUserTransport`). That device's counters are its own: [`VmStats::device`]
+    /// stays zero.
+    External(Arc<ConnectDevice>),
+}
+
+impl std::fmt::Debug for DeviceHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeviceHost::Thread => "Thread",
+            DeviceHost::External(_) => "External",
+        })
+    }
+}
 
 /// Why VM memory could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +111,7 @@ pub struct VmBuilder {
     policy: DiscardPolicy,
     driver: DriverOptions,
     manager: ManagerSettings,
+    device: DeviceHost,
 }
 
 impl VmBuilder {
@@ -126,6 +156,14 @@ impl VmBuilder {
     /// When and how the device discards (default: at once).
     pub fn discard_policy(mut self, policy: DiscardPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Where the device runs (default: a thread of this process). With an external
+    /// device, the feature offer and discard policy set here do not apply: the device
+    /// has its own.
+    pub fn device(mut self, host: DeviceHost) -> Self {
+        self.device = host;
         self
     }
 
@@ -174,11 +212,6 @@ impl VmBuilder {
                 size: self.size,
                 ring: ring_len,
             })?;
-        let device_mem = GuestMemoryMmap::from_ranges_with_files([(
-            GuestAddress(0),
-            self.size,
-            Some(FileOffset::new(dup()?, 0)),
-        )])?;
         let ring_mem = GuestMemoryMmap::from_ranges_with_files([(
             GuestAddress(ring_gpa),
             ring_len as usize,
@@ -186,14 +219,29 @@ impl VmBuilder {
         )])?;
 
         let irq = Arc::new(UsedSignal::new());
-        let options = BalloonOptions {
-            offer: self.offer,
-            policy: self.policy,
-            ..BalloonOptions::default()
+        let (transport, metrics): (Box<dyn Transport>, Arc<BalloonMetrics>) = match &self.device {
+            DeviceHost::Thread => {
+                let device_mem = GuestMemoryMmap::from_ranges_with_files([(
+                    GuestAddress(0),
+                    self.size,
+                    Some(FileOffset::new(dup()?, 0)),
+                )])?;
+                let options = BalloonOptions {
+                    offer: self.offer,
+                    policy: self.policy,
+                    ..BalloonOptions::default()
+                };
+                let device = BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
+                let metrics = device.metrics();
+                let transport = InProcessTransport::spawn(device, device_mem)?;
+                (Box::new(transport), metrics)
+            }
+            DeviceHost::External(connect) => {
+                let transport = connect(dup()?, self.size as u64, Arc::clone(&irq))
+                    .map_err(DriverError::from)?;
+                (transport, Arc::default())
+            }
         };
-        let device = BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
-        let metrics = device.metrics();
-        let transport = InProcessTransport::spawn(device, device_mem)?;
         let mut driver = VmDriver::probe(
             ring_mem,
             GuestAddress(ring_gpa),
@@ -270,6 +318,7 @@ impl VmMemory {
             policy: DiscardPolicy::Immediate,
             driver: DriverOptions::default(),
             manager: ManagerSettings::default(),
+            device: DeviceHost::Thread,
         }
     }
 

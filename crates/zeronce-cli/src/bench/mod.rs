@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod alloc_once;
 pub mod churn;
 pub mod prezero;
+pub mod report_path;
 pub mod rss_follow;
 pub mod stats;
 pub mod zero;
@@ -74,6 +75,8 @@ pub enum Which {
     RssFollow(rss_follow::RssFollowArgs),
     /// The hugetlb pre-zeroing series: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
     Prezero(prezero::PrezeroArgs),
+    /// 1 GiB reported through process mode, VM mode (device thread) and VM mode over vhost-user (device in `zeronce serve`).
+    ReportPath(report_path::ReportPathArgs),
 }
 
 /// Error type of the benchmarks: a message for the user.
@@ -88,5 +91,6 @@ pub fn run(which: Which) -> BenchResult {
         Which::Churn(args) => churn::run(&args),
         Which::RssFollow(args) => rss_follow::run(&args),
         Which::Prezero(args) => prezero::run(&args),
+        Which::ReportPath(args) => report_path::run(&args),
     }
 }

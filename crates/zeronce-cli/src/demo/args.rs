@@ -25,6 +25,10 @@ pub struct DemoArgs {
     /// Who the host is: this process's kernel, or a virtio-balloon device in a thread.
     #[arg(long, value_enum, default_value_t = DemoMode::Process)]
     pub mode: DemoMode,
+    /// VM mode: where the device runs — a thread of this process, or a `zeronce serve`
+    /// process reached over vhost-user (the driver is then a vhost-user front-end).
+    #[arg(long, value_enum, default_value_t = DemoTopology::Thread)]
+    pub topology: DemoTopology,
     /// Smallest block order reported to the host (9 = 2 MiB, Linux's pageblock order).
     #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u8).range(0..=10))]
     pub reporting_order: u8,
@@ -62,6 +66,15 @@ pub enum DemoMode {
     /// VM mode: a virtio-balloon driver reports over split virtqueues in guest RAM to the
     /// device in a thread of this process, which punches holes in the shared memfd.
     Vm,
+}
+
+/// Where VM mode's device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DemoTopology {
+    /// A thread of this process (in-process transport).
+    Thread,
+    /// A `zeronce serve` child process, over vhost-user.
+    VhostUser,
 }
 
 /// Backing of the demo's memory.
@@ -122,6 +135,9 @@ impl DemoArgs {
     }
 
     fn check(&self) -> Result<Plan, String> {
+        if self.topology == DemoTopology::VhostUser && self.mode != DemoMode::Vm {
+            return Err("--topology vhost-user needs --mode vm".into());
+        }
         let size = self
             .size_mib
             .checked_mul(MIB)

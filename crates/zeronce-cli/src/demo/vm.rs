@@ -3,11 +3,16 @@
 //! buffer per block on the reporting queue (rings in guest RAM); the device thread punches
 //! holes in the shared memfd and answers `used_len` = buffer length ("now zero", bit 6).
 //! Then the same with a device that does not offer bit 6: the allocator must zero.
+//! `--topology vhost-user`: the same story with each device in a `zeronce serve` child
+//! process, the driver reaching it as a vhost-user front-end.
 
 use std::time::Duration;
 
 use zeronce::zeronce_mm::reporting::ReportingConfig;
-use zeronce::{Order, VmMemory, VmStats};
+use zeronce::{DeviceHost, Order, VmMemory, VmStats};
+
+use super::args::DemoTopology;
+use crate::vhost::ServedDevice;
 
 use super::{
     alloc_zeroed_timed, mib, ms, realloc_zeroed, wait_for_reporter, write_working_set, DemoArgs,
@@ -20,16 +25,37 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     let blocks = plan.blocks;
     let backing = plan.backing;
     let reporting = plan.setup.config;
+    // With vhost-user, one daemon per device: with the hints as asked, and without.
+    let served = match args.topology {
+        DemoTopology::Thread => None,
+        DemoTopology::VhostUser => Some((
+            ServedDevice::start("demo", plan.setup.zero_hints)?,
+            ServedDevice::start("demo-plain", false)?,
+        )),
+    };
+    let (host, plain_host, where_) = match &served {
+        None => (
+            DeviceHost::Thread,
+            DeviceHost::Thread,
+            "in a thread".to_owned(),
+        ),
+        Some((d, p)) => (
+            d.host(),
+            p.host(),
+            format!("in `zeronce serve` (pid {}) over vhost-user", d.pid()),
+        ),
+    };
     let vm = VmMemory::builder()
         .size(plan.size)
         .backing(backing)
         .reporting(reporting)
         .zero_hints(plan.setup.zero_hints)
+        .device(host)
         .build()?;
     let (ring_gpa, ring_len) = vm.ring_area();
     println!(
         "zeronce demo --mode vm: {} MiB of {backing:?} guest RAM, working set {} MiB in 2 MiB \
-         blocks; virtio-balloon device in a thread, features {:?}, reporting queue at index \
+         blocks; virtio-balloon device {where_}, features {:?}, reporting queue at index \
          {}, rings at {ring_gpa:#x} ({} KiB), delay {:?}",
         args.size_mib,
         args.working_set_mib,
@@ -58,7 +84,7 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         mib(vm.memfd_allocated_bytes()),
         settled.as_secs_f64()
     );
-    print_device(&vm.stats());
+    print_device(&vm.stats(), served.as_ref().map(|s| &s.0));
 
     realloc_zeroed(&vm, order, blocks, "device-zeroed")?;
     let s = vm.stats();
@@ -80,6 +106,7 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         })
         .zero_hints(false)
         .fresh_is_zero(false)
+        .device(plain_host)
         .build()?;
     drop(write_working_set(&plain, order, blocks)?);
     plain.flush(u64::MAX);
@@ -92,23 +119,39 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         ms(theirs.alloc),
         ms(theirs.touch)
     );
-    print_device(&plain.stats());
+    print_device(&plain.stats(), served.as_ref().map(|s| &s.1));
     Ok(())
 }
 
-fn print_device(s: &VmStats) {
+/// The device's counters (from the daemon's control socket when it is one) and the
+/// driver's.
+fn print_device(s: &VmStats, served: Option<&ServedDevice>) {
+    let device = match served {
+        None => format!(
+            "{} pages reported, {} MiB discarded, {} zero promises, {} discard errors, {} \
+             malformed",
+            s.device.pages_reported,
+            s.device.bytes_discarded >> 20,
+            s.device.zero_promises,
+            s.device.discard_errors,
+            s.device.malformed
+        ),
+        Some(d) => {
+            let m = d.metrics();
+            format!(
+                "{} pages reported, {} MiB discarded, {} zero promises, {} discard errors, {} \
+                 malformed (its control socket)",
+                m["pages_reported"],
+                m["bytes_discarded"].as_u64().unwrap_or(0) >> 20,
+                m["zero_promises"],
+                m["discard_errors"],
+                m["malformed"]
+            )
+        }
+    };
     println!(
-        "   device: {} pages reported, {} MiB discarded, {} zero promises, {} discard \
-         errors, {} malformed; driver: {} report calls, used_len verdicts {} zeroed / {} \
+        "   device: {device}; driver: {} report calls, used_len verdicts {} zeroed / {} \
          not zeroed, {} failures",
-        s.device.pages_reported,
-        s.device.bytes_discarded >> 20,
-        s.device.zero_promises,
-        s.device.discard_errors,
-        s.device.malformed,
-        s.driver.reports,
-        s.driver.zeroed,
-        s.driver.not_zeroed,
-        s.driver.failures
+        s.driver.reports, s.driver.zeroed, s.driver.not_zeroed, s.driver.failures
     );
 }

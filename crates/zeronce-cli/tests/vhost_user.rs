@@ -1,0 +1,58 @@
+//! zeronce's own driver against the device in a `zeronce serve` process, over vhost-user:
+//! the VM-mode demo and the report-path benchmark through that topology.
+
+use std::process::Command;
+
+fn zeronce(args: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(args.split_whitespace())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run the zeronce binary");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`zeronce {args}`: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn vm_demo_over_vhost_user_reports_and_gets_blocks_back_known_zero() {
+    let out = zeronce(
+        "demo --mode vm --topology vhost-user --size-mib 256 --working-set-mib 32 --delay-ms 100",
+    );
+    assert!(out.contains("over vhost-user"), "{out}");
+    let reported = out
+        .lines()
+        .find(|l| l.starts_with("3. reported"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(reported.contains("allocated      0 MiB"), "{reported}");
+    assert!(out.contains("16/16 blocks known zero"), "{out}");
+    assert!(out.contains("(its control socket)"), "{out}");
+}
+
+#[test]
+fn report_path_measures_all_three_paths() {
+    let out = zeronce("bench report-path --quick --json --size-mib 32 --runs 1");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    for path in ["process", "vm_thread", "vm_vhost_user"] {
+        let bytes = v["paths"][path]["bytes_reported"].as_u64().unwrap_or(0);
+        assert!(bytes >= 32 << 20, "{path} reported {bytes} bytes: {v}");
+    }
+    assert!(
+        v["ratio_vhost_user_over_process"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+}
+
+#[test]
+fn vhost_user_topology_needs_vm_mode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(["demo", "--topology", "vhost-user"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --mode vm"));
+}

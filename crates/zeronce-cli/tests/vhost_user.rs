@@ -20,9 +20,7 @@ fn zeronce(args: &str) -> String {
 
 #[test]
 fn vm_demo_over_vhost_user_reports_and_gets_blocks_back_known_zero() {
-    let out = zeronce(
-        "demo --mode vm --topology vhost-user --size-mib 256 --working-set-mib 32 --delay-ms 100",
-    );
+    let out = zeronce("demo --mode vm --topology vhost-user --size-mib 256 --working-set-mib 32");
     assert!(out.contains("over vhost-user"), "{out}");
     let reported = out
         .lines()

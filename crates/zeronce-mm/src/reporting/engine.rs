@@ -61,15 +61,26 @@ impl PassStats {
     }
 }
 
-/// Result of one pass.
+/// Result of one pass (or of the passes one call ran, summed).
 #[derive(Debug, Default)]
 pub struct PassReport {
     /// What the pass did.
     pub stats: PassStats,
     /// The device error that stopped the pass, if any.
     pub error: Option<ReportError>,
-    /// The last put-back failure seen (verify mode catching a false "zeroed").
-    pub put_back_error: Option<PutBackError>,
+    /// Every put-back failure of the pass, in order: in verify mode, each false "zeroed"
+    /// the allocator caught (the block went back reported, not known zero).
+    pub put_back_errors: Vec<PutBackError>,
+}
+
+impl PassReport {
+    /// Adds `other` (a pass run by the same call) into this report; the first device
+    /// error is kept.
+    pub fn absorb(&mut self, other: PassReport) {
+        self.stats.add(&other.stats);
+        self.error = self.error.take().or(other.error);
+        self.put_back_errors.extend(other.put_back_errors);
+    }
 }
 
 /// Lifetime counters of an engine.
@@ -166,28 +177,33 @@ impl ReportingEngine {
     }
 
     /// Worker: runs whatever is due at `now` (a settle pass for expired holds, then the
-    /// scheduled pass). Returns the scheduled pass's report when one ran.
+    /// scheduled pass). Returns the report of what ran (both passes summed), `None` when
+    /// nothing was due.
     pub fn run_due<H: ReportingHooks, D: ReportingDevice>(
         &self,
         hooks: &H,
         device: &mut D,
         now: Instant,
     ) -> Option<PassReport> {
-        if device.hold_expiry().is_some_and(|t| t <= now) {
-            self.pass(hooks, device, now, PassKind::Settle);
-        }
+        let settled = device
+            .hold_expiry()
+            .is_some_and(|t| t <= now)
+            .then(|| self.pass(hooks, device, now, PassKind::Settle));
         let quiet = {
             let mut s = lock(&self.schedule);
             match s.due {
                 Some(t) if t <= now => s.due = None,
-                _ => return None,
+                _ => return settled,
             }
             // Adaptive budget: nothing of reportable order allocated during the delay.
             hooks.reportable_allocs() == s.allocs_mark
         };
         // ACTIVE: a free during the pass turns it REQUESTED and we go again after the delay.
         self.state.begin_pass();
-        let report = self.pass_inner(hooks, device, now, PassKind::Scheduled, quiet);
+        let mut report = self.pass_inner(hooks, device, now, PassKind::Scheduled, quiet);
+        if let Some(settled) = settled {
+            report.absorb(settled);
+        }
         if self.state.end_pass() {
             // More to do (new frees or a spent budget): Linux reschedules after the delay.
             let mut s = lock(&self.schedule);
@@ -259,10 +275,12 @@ struct Pass<'a, H: ReportingHooks, D: ReportingDevice> {
     kind: PassKind,
     cap: usize,
     batch: Vec<Block>,
-    /// Settle pass: blocks the device kept held ("not zero"), put back only once their
-    /// free list has been walked. Put back at once they would land on the list being
-    /// walked and be isolated again and again: the pass would never end.
-    deferred: Vec<Block>,
+    /// Settle pass: every block the device answered for, put back only once its zone has
+    /// been walked. Whatever the verdict, a block put back at once could land on the list
+    /// being walked ("not zero", or a "zeroed" that verify mode refutes) and be isolated
+    /// again and again, or merge into a larger block offered again: deferred, each block
+    /// is offered at most once per pass and the pass ends.
+    deferred: Vec<(Block, PutBack)>,
     report: PassReport,
     pages_left: u64,
 }
@@ -305,7 +323,6 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
         let mut result = Ok(());
         for order in cfg.order.up_to(self.hooks.max_order()) {
             result = self.free_list(cfg, zone, order, wanted, quiet, state);
-            self.put_back_deferred();
             if result.is_err() {
                 break;
             }
@@ -313,21 +330,23 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
         // Linux: report the leftover (partial) batch before leaving the zone.
         if !self.batch.is_empty() {
             result = self.flush_batch().and(result);
-            self.put_back_deferred();
         }
+        self.put_back_deferred();
         result
     }
 
-    /// Puts back the blocks a settle pass kept aside (reported, not known zero).
+    /// Puts back the blocks a settle pass kept aside.
     fn put_back_deferred(&mut self) {
-        for block in std::mem::take(&mut self.deferred) {
-            if let Err(e) = self
-                .hooks
-                .put_back(block, PutBack::Reported(Verdict::NotZeroed))
-            {
-                self.report.stats.put_back_errors += 1;
-                self.report.put_back_error = Some(e);
-            }
+        for (block, how) in std::mem::take(&mut self.deferred) {
+            self.put_back(block, how);
+        }
+    }
+
+    /// Puts one block back, recording a failure (a lie caught in verify mode).
+    fn put_back(&mut self, block: Block, how: PutBack) {
+        if let Err(e) = self.hooks.put_back(block, how) {
+            self.report.stats.put_back_errors += 1;
+            self.report.put_back_errors.push(e);
         }
     }
 
@@ -398,7 +417,8 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
         };
         self.report.stats.calls += 1;
         let failed = answer.is_err();
-        for (block, verdict) in self.batch.drain(..).zip(verdicts) {
+        let mut batch = std::mem::take(&mut self.batch);
+        for (block, verdict) in batch.drain(..).zip(verdicts) {
             let how = if failed {
                 PutBack::Failed
             } else {
@@ -409,15 +429,13 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
                 }
                 PutBack::Reported(verdict)
             };
-            if self.kind == PassKind::Settle && how == PutBack::Reported(Verdict::NotZeroed) {
-                self.deferred.push(block);
-                continue;
-            }
-            if let Err(e) = self.hooks.put_back(block, how) {
-                self.report.stats.put_back_errors += 1;
-                self.report.put_back_error = Some(e);
+            if self.kind == PassKind::Settle {
+                self.deferred.push((block, how));
+            } else {
+                self.put_back(block, how);
             }
         }
+        self.batch = batch; // empty, keeps its capacity
         match answer {
             Ok(()) => Ok(()),
             Err(e) => {

@@ -196,7 +196,7 @@ fn log_pass(r: &PassReport) {
     if let Some(e) = &r.error {
         tracing::warn!(%e, ?r.stats, "report pass stopped: the batch went back unreported");
     }
-    if let Some(e) = &r.put_back_error {
+    for e in &r.put_back_errors {
         tracing::error!(%e, "a reported block was put back wrongly");
     }
     tracing::debug!(?r.stats, "report pass");

@@ -146,7 +146,8 @@ pub struct BalloonDriver<M, T> {
     reporting: DriverQueue,
     stats_queue: Option<StatsQueue>,
     stats_buffer: GuestAddress,
-    broken: bool,
+    /// Why an earlier failure stopped the driver (`None`: it runs).
+    broken: Option<String>,
     stats: DriverStats,
 }
 
@@ -217,7 +218,7 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
             reporting_index,
             stats_queue,
             stats_buffer: GuestAddress(ring_base.0 + MAX_QUEUES * Self::slot(size)),
-            broken: false,
+            broken: None,
             stats: DriverStats::default(),
         })
     }
@@ -244,7 +245,12 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
 
     /// Whether an earlier failure stopped the driver.
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.broken.is_some()
+    }
+
+    /// The failure that stopped the driver, if one did.
+    pub fn broken_reason(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 
     /// Counters.
@@ -285,7 +291,7 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
         blocks: &[PageRange],
         verdicts: &mut [Verdict],
     ) -> Result<(), DriverError> {
-        if self.broken {
+        if self.broken.is_some() {
             return Err(DriverError::Broken);
         }
         let largest = blocks.iter().map(PageRange::bytes).max().unwrap_or(0);
@@ -345,10 +351,10 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
     /// about to put back; a reset makes it forget them before anyone reuses the memory.
     fn fail(&mut self, e: &DriverError) {
         self.stats.failures += 1;
-        if self.broken {
+        if self.broken.is_some() {
             return;
         }
-        self.broken = true;
+        self.broken = Some(e.to_string());
         tracing::warn!(error = %e, "virtio-balloon driver: report failed; resetting the device");
         if let Err(e) = self.transport.reset() {
             tracing::warn!(error = %e, "virtio-balloon driver: device reset failed");

@@ -51,7 +51,9 @@ pub use process::{
     Builder, DeviceStats, Error, HostPolicy, PageBlock, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
-pub use vm::{ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmError, VmMemory, VmStats};
+pub use vm::{
+    ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmError, VmHealth, VmMemory, VmStats,
+};
 pub use zeronce_balloon;
 pub use zeronce_balloon_driver;
 pub use zeronce_mem;

@@ -24,6 +24,7 @@
 
 use std::fs::File;
 use std::sync::Arc;
+use std::time::Duration;
 
 use vm_memory::mmap::FromRangesError;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
@@ -36,7 +37,7 @@ use zeronce_balloon_driver::{
     TransportError, UsedSignal,
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
-use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
+use zeronce_mm::reporting::{PassReport, ReporterHealth, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
 use crate::managed::{self, ManagedMemory, ManagerSettings, PageBlock};
@@ -99,6 +100,18 @@ pub enum VmError {
     /// The driver could not initialise the device.
     #[error(transparent)]
     Driver(#[from] DriverError),
+    /// The device would hold each report at least as long as the driver waits for it:
+    /// the first report would time out and stop the driver for good.
+    #[error(
+        "the device holds reports for {hold:?}, the driver waits {timeout:?}: the hold \
+         must be shorter than the driver's timeout"
+    )]
+    HoldNotBelowTimeout {
+        /// The discard policy's hold.
+        hold: Duration,
+        /// The driver's timeout.
+        timeout: Duration,
+    },
 }
 
 /// Builder of [`VmMemory`]; see [`VmMemory::builder`].
@@ -196,6 +209,15 @@ impl VmBuilder {
     /// Maps the RAM twice, starts the device thread, probes the driver, builds the
     /// manager and starts reporting.
     pub fn build(self) -> Result<VmMemory, VmError> {
+        // (An external device's hold is its own: `policy` applies to the thread's device.)
+        if let (DeviceHost::Thread, DiscardPolicy::Hold(delay)) = (&self.device, self.policy) {
+            if delay >= self.driver.timeout {
+                return Err(VmError::HoldNotBelowTimeout {
+                    hold: delay,
+                    timeout: self.driver.timeout,
+                });
+            }
+        }
         let ram = GuestRam::new(self.size, self.backing).map_err(Error::from)?;
         let page_size = ram.backing().page_size();
         managed::check_reporting_order(self.reporting.order, page_size)?;
@@ -303,6 +325,19 @@ pub struct VmStats {
     pub driver: DriverStats,
     /// The device's counters (pages reported, bytes discarded, zero promises).
     pub device: MetricsSnapshot,
+    /// Whether reporting still runs: the worker, the device panics it survived, the
+    /// lies it caught, and why the driver stopped if it did.
+    pub health: VmHealth,
+}
+
+/// Health of VM mode's reporting (see [`VmStats::health`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmHealth {
+    /// The reporting worker.
+    pub reporter: ReporterHealth,
+    /// The failure that stopped the driver (it resets the device and reports nothing
+    /// more; the blocks stay free, unreported): `None` while it runs.
+    pub driver_broken: Option<String>,
 }
 
 impl VmMemory {
@@ -358,6 +393,10 @@ impl VmMemory {
             reporting: r.stats(),
             driver: r.with_device(|d| d.stats()),
             device: self.metrics.snapshot(),
+            health: VmHealth {
+                reporter: r.health(),
+                driver_broken: r.with_device(|d| d.broken_reason().map(str::to_string)),
+            },
         }
     }
 

@@ -2,14 +2,19 @@
 //! driver over split virtqueues in the guest RAM's memfd; the device thread punches holes
 //! and answers with `used_len`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use zeronce::zeronce_balloon::DiscardPolicy;
-use zeronce::zeronce_balloon_driver::DriverOptions;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+use zeronce::zeronce_balloon::{
+    BalloonDevice, BalloonOptions, DiscardPolicy, FeatureOffer, MmapDiscarder,
+};
+use zeronce::zeronce_balloon_driver::{DriverOptions, InProcessTransport, Transport};
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{Order, PageBlock, VmBuilder, VmMemory};
+use zeronce::{DeviceHost, Order, PageBlock, VmBuilder, VmError, VmMemory};
 
 const MIB: u64 = 1 << 20;
 const SIZE: usize = 64 << 20;
@@ -213,13 +218,52 @@ fn reporting_queue_index_counts_only_negotiated_queues() {
     }
 }
 
+/// A device of its own (an external host) that holds every report for an hour.
+fn device_holding_an_hour() -> DeviceHost {
+    DeviceHost::External(Arc::new(|file, size, irq| {
+        let mem = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(0),
+            size as usize,
+            Some(FileOffset::new(file, 0)),
+        )])
+        .expect("device mapping");
+        let options = BalloonOptions {
+            offer: FeatureOffer::default().with_zero_hints(),
+            policy: DiscardPolicy::Hold(Duration::from_secs(3600)),
+            ..BalloonOptions::default()
+        };
+        let device = BalloonDevice::new(options, MmapDiscarder::new(), irq);
+        let t = InProcessTransport::spawn(device, mem).expect("device thread");
+        Ok(Box::new(t) as Box<dyn Transport>)
+    }))
+}
+
+#[test]
+fn a_hold_not_below_the_driver_timeout_is_refused() {
+    // The first report would time out and stop the driver for good.
+    let timeout = Duration::from_millis(200);
+    for hold in [timeout, Duration::from_secs(3600)] {
+        let r = builder()
+            .discard_policy(DiscardPolicy::Hold(hold))
+            .driver(DriverOptions {
+                timeout,
+                ..DriverOptions::default()
+            })
+            .build();
+        assert!(
+            matches!(r, Err(VmError::HoldNotBelowTimeout { .. })),
+            "hold {hold:?}"
+        );
+    }
+}
+
 #[test]
 fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     // The device holds reports for an hour: the driver's wait runs out, the device is
     // reset (it forgets the held blocks, discarding nothing) and every block goes back
-    // unreported.
+    // unreported; the stats say why the driver stopped.
     let vm = builder()
-        .discard_policy(DiscardPolicy::Hold(Duration::from_secs(3600)))
+        .device(device_holding_an_hour())
         .driver(DriverOptions {
             timeout: Duration::from_millis(200),
             ..DriverOptions::default()
@@ -235,6 +279,12 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     assert!(vm.driver_broken());
     let s = vm.stats();
     assert_eq!(s.driver.failures, 1);
+    let why = s
+        .health
+        .driver_broken
+        .expect("the stats say why the driver stopped");
+    assert!(why.contains("within"), "{why}");
+    assert!(s.health.reporter.worker_alive);
     assert_eq!(s.device.bytes_discarded, 0);
     assert_eq!(s.mm.free_pages_total(), free_before, "no block lost");
     assert_eq!(s.mm.isolated_pages, 0);

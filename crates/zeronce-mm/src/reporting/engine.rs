@@ -213,6 +213,16 @@ impl ReportingEngine {
         Some(report)
     }
 
+    /// After a pass panicked (the device panicked in it): the request cycle is left
+    /// requested and the next scheduled pass set for `at` (the worker's back-off), so
+    /// reporting resumes instead of waiting for a wake that never comes.
+    pub fn retry_at(&self, hooks: &impl ReportingHooks, at: Instant) {
+        self.state.set_requested();
+        let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+        s.due = Some(at);
+        s.allocs_mark = hooks.reportable_allocs();
+    }
+
     /// Runs one pass of `kind` now, outside the request cycle (flush, settle, tests).
     pub fn pass<H: ReportingHooks, D: ReportingDevice>(
         &self,

@@ -9,9 +9,46 @@ use super::device::{ReportingDevice, ReportingHooks};
 use super::engine::{PassKind, PassReport, ReportingEngine, ReportingStats};
 use crate::sync::{lock, wait, wait_timeout};
 use crate::types::Order;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Back-off after the first device panic in a background pass; it doubles with each
+/// panic in a row, up to [`BACKOFF_MAX`], and resets after a pass that ends normally.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// Longest back-off after device panics.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Caught lies logged in full before the log thins out to one line at each doubling.
+const LOG_FIRST: u64 = 10;
+
+/// Whether background reporting still runs, and what it caught ([`Reporter::health`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReporterHealth {
+    /// The worker thread runs. A device panic in a pass does not end it: the panic is
+    /// caught and counted, the pass's isolated blocks go back, and the worker retries
+    /// after a back-off ([`BACKOFF_FIRST`], doubling, at most [`BACKOFF_MAX`]).
+    pub worker_alive: bool,
+    /// Background passes the device panicked in.
+    pub panics: u64,
+    /// What the last of them said.
+    pub last_panic: Option<String>,
+    /// Panics in a row (0 after a pass that ended normally): the back-off's exponent.
+    pub panic_streak: u32,
+    /// Device answers "zeroed" that verify mode refuted, over every pass (worker,
+    /// flush, settle). Each is also in its pass's [`PassReport::put_back_errors`].
+    pub lies_caught: u64,
+    /// The last device error that stopped a pass.
+    pub last_error: Option<String>,
+}
+
+/// The text of a panic payload.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_string()))
+        .unwrap_or_else(|| "(not a string)".into())
+}
 
 /// Wake-up flags of the worker, under one mutex with its condvar.
 #[derive(Debug, Default)]
@@ -30,12 +67,43 @@ struct ReporterState<D> {
     device: Mutex<D>,
     wake: Mutex<Wake>,
     cv: Condvar,
+    health: Mutex<ReporterHealth>,
 }
 
 impl<D> ReporterState<D> {
     fn wake(&self, f: impl FnOnce(&mut Wake)) {
         f(&mut lock(&self.wake));
         self.cv.notify_one();
+    }
+
+    /// Surfaces what a pass caught: every refuted "zeroed" counted and logged
+    /// (rate-limited: the first few, then one line at each doubling of the count).
+    fn record(&self, r: &PassReport) {
+        let mut h = lock(&self.health);
+        for e in &r.put_back_errors {
+            h.lies_caught += 1;
+            let n = h.lies_caught;
+            if n <= LOG_FIRST || n.is_power_of_two() {
+                tracing::error!(%e, lies_caught = n, "reporting: the host's answer was false");
+            }
+        }
+        if let Some(e) = &r.error {
+            h.last_error = Some(e.to_string());
+        }
+    }
+
+    /// Counts a device panic in a background pass; returns the back-off to wait.
+    fn panicked(&self, p: &(dyn std::any::Any + Send)) -> Duration {
+        let mut h = lock(&self.health);
+        h.panics += 1;
+        h.panic_streak = h.panic_streak.saturating_add(1);
+        let msg = panic_message(p);
+        let backoff = BACKOFF_FIRST
+            .saturating_mul(1u32 << (h.panic_streak - 1).min(16))
+            .min(BACKOFF_MAX);
+        tracing::error!(panic = %msg, panics = h.panics, ?backoff, "reporting: the device panicked in a pass; retrying after a back-off");
+        h.last_panic = Some(msg);
+        backoff
     }
 }
 
@@ -110,6 +178,7 @@ where
             device: Mutex::new(device),
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
+            health: Mutex::new(ReporterHealth::default()),
         });
         // Initial request (Linux: __page_reporting_request at register time).
         state.freed(config.order);
@@ -138,27 +207,42 @@ where
         self.state.freed(order);
     }
 
-    /// Reports now, up to `max_pages` pages, ignoring the delay and the budget (the 000
-    /// seed's flush); also settles expired holds first. Blocks while a pass is running.
+    /// Reports now, up to `max_pages` pages, ignoring the delay and the budget; also
+    /// settles expired holds first (the report covers both passes). Blocks while a pass
+    /// is running.
     pub fn flush(&self, max_pages: u64) -> PassReport {
         let mut dev = lock(&self.state.device);
         let now = Instant::now();
-        if dev.hold_expiry().is_some_and(|t| t <= now) {
-            self.state
-                .engine
-                .pass(&*self.hooks, &mut *dev, now, PassKind::Settle);
+        let engine = &self.state.engine;
+        let settled = dev
+            .hold_expiry()
+            .is_some_and(|t| t <= now)
+            .then(|| engine.pass(&*self.hooks, &mut *dev, now, PassKind::Settle));
+        let mut r = engine.pass(&*self.hooks, &mut *dev, now, PassKind::Flush { max_pages });
+        if let Some(s) = settled {
+            r.absorb(s);
         }
-        self.state
-            .engine
-            .pass(&*self.hooks, &mut *dev, now, PassKind::Flush { max_pages })
+        self.state.record(&r);
+        r
     }
 
     /// Runs a settle pass now (held blocks whose hold is over get discarded).
     pub fn settle(&self) -> PassReport {
         let mut dev = lock(&self.state.device);
-        self.state
+        let r = self
+            .state
             .engine
-            .pass(&*self.hooks, &mut *dev, Instant::now(), PassKind::Settle)
+            .pass(&*self.hooks, &mut *dev, Instant::now(), PassKind::Settle);
+        self.state.record(&r);
+        r
+    }
+
+    /// Whether the worker runs, the device panics it survived, and the lies it caught.
+    pub fn health(&self) -> ReporterHealth {
+        ReporterHealth {
+            worker_alive: self.thread.as_ref().is_some_and(|t| !t.is_finished()),
+            ..lock(&self.state.health).clone()
+        }
     }
 
     /// The engine (configuration, phase).
@@ -185,8 +269,10 @@ where
     fn drop(&mut self) {
         self.state.wake(|w| w.shutdown = true);
         if let Some(t) = self.thread.take() {
-            // A panicked worker already stopped; nothing more to clean up.
-            let _ = t.join();
+            // Passes catch device panics; one outside a pass ended the worker early.
+            if let Err(p) = t.join() {
+                tracing::error!(panic = %panic_message(&*p), "reporting worker had ended by a panic");
+            }
         }
     }
 }
@@ -195,9 +281,6 @@ where
 fn log_pass(r: &PassReport) {
     if let Some(e) = &r.error {
         tracing::warn!(%e, ?r.stats, "report pass stopped: the batch went back unreported");
-    }
-    for e in &r.put_back_errors {
-        tracing::error!(%e, "a reported block was put back wrongly");
     }
     tracing::debug!(?r.stats, "report pass");
 }
@@ -235,8 +318,28 @@ fn worker_loop<H: ReportingHooks, D: ReportingDevice>(s: &ReporterState<D>, hook
                 // Due: run without the wake lock so frees never wait for a pass.
                 drop(wake);
                 let mut dev = lock(&s.device);
-                if let Some(r) = s.engine.run_due(hooks, &mut *dev, Instant::now()) {
-                    log_pass(&r);
+                let now = Instant::now();
+                match catch_unwind(AssertUnwindSafe(|| s.engine.run_due(hooks, &mut *dev, now))) {
+                    Ok(r) => {
+                        lock(&s.health).panic_streak = 0;
+                        if let Some(r) = r {
+                            log_pass(&r);
+                            s.record(&r);
+                        }
+                    }
+                    Err(p) => {
+                        // The pass gave its blocks back as it unwound; retry later.
+                        drop(dev);
+                        let backoff = s.panicked(&*p);
+                        s.engine
+                            .retry_at(hooks, now.checked_add(backoff).unwrap_or(now));
+                        let until = now.checked_add(backoff).unwrap_or(now);
+                        let mut wake = lock(&s.wake);
+                        while !wake.shutdown && Instant::now() < until {
+                            let left = until.saturating_duration_since(Instant::now());
+                            wake = wait_timeout(&s.cv, wake, left);
+                        }
+                    }
                 }
             }
         }

@@ -1,0 +1,112 @@
+//! The reporting worker's health: it survives a device that panics (restart with
+//! back-off), says so, and surfaces every false "zeroed" verify mode catches.
+
+mod common;
+
+use common::{manager, o};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zeronce_mm::reporting::{
+    BudgetPolicy, ReportError, Reporter, ReportingConfig, ReportingDevice, Verdict,
+};
+use zeronce_mm::{AllocRequest, FreeHint, PageRange};
+
+/// Panics in its first `panics` calls, then answers `verdict` (without zeroing).
+struct Flaky {
+    panics: usize,
+    calls: Arc<AtomicUsize>,
+    verdict: Verdict,
+}
+
+impl ReportingDevice for Flaky {
+    fn capacity(&self) -> usize {
+        4
+    }
+    fn report(
+        &mut self,
+        _: Instant,
+        _: &[PageRange],
+        verdicts: &mut [Verdict],
+    ) -> Result<(), ReportError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.panics {
+            panic!("device panic {n} (intended)");
+        }
+        verdicts.fill(self.verdict);
+        Ok(())
+    }
+}
+
+fn config() -> ReportingConfig {
+    ReportingConfig {
+        order: o(2),
+        capacity: 4,
+        delay: Duration::from_millis(1),
+        budget: BudgetPolicy::Unlimited,
+        watermark_gate: false,
+    }
+}
+
+#[test]
+fn the_worker_survives_device_panics_and_says_so() {
+    let (mm, _mem) = manager(256, 4, false);
+    let mm = Arc::new(mm);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dev = Flaky {
+        panics: 2,
+        calls: Arc::clone(&calls),
+        verdict: Verdict::NotZeroed,
+    };
+    let reporter = Reporter::start(Arc::clone(&mm), dev, config()).unwrap();
+    // Wait (bounded, no timing claim) until the worker got past both panics.
+    for _ in 0..1000 {
+        if reporter.stats().total.blocks > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let h = reporter.health();
+    assert!(h.worker_alive, "{h:?}");
+    assert_eq!(h.panics, 2, "{h:?}");
+    assert!(h
+        .last_panic
+        .as_deref()
+        .unwrap_or("")
+        .contains("device panic 1"));
+    assert!(
+        reporter.stats().total.blocks > 0,
+        "reporting resumed after the panics: {h:?}"
+    );
+    drop(reporter);
+    mm.check_invariants().unwrap();
+    assert_eq!(mm.stats().isolated_pages, 0, "no block lost");
+    assert_eq!(mm.stats().free_pages_total(), 256);
+}
+
+#[test]
+fn every_caught_lie_is_in_the_report_and_the_health() {
+    // Verify mode; the memory is dirty and the device answers "zeroed" without zeroing.
+    let (mm, _mem) = manager(256, 4, true);
+    let mm = Arc::new(mm);
+    // Keep one page allocated so the rest cannot merge into one block.
+    let _a = mm.alloc(o(0), AllocRequest::DIRTY).unwrap();
+    let dev = Flaky {
+        panics: 0,
+        calls: Arc::default(),
+        verdict: Verdict::Zeroed,
+    };
+    let cfg = ReportingConfig {
+        delay: Duration::from_secs(3600),
+        ..config()
+    };
+    let reporter = Reporter::start(Arc::clone(&mm), dev, cfg).unwrap();
+    let r = reporter.flush(u64::MAX);
+    assert!(r.stats.blocks > 1, "{r:?}");
+    assert_eq!(r.put_back_errors.len() as u64, r.stats.blocks, "every lie");
+    assert_eq!(reporter.health().lies_caught, r.stats.blocks);
+    let s = mm.stats();
+    assert_eq!(s.verify_failures, r.stats.blocks);
+    mm.free(_a.block, FreeHint::Dirty).unwrap();
+    mm.check_invariants().unwrap();
+}

@@ -285,10 +285,11 @@ fn worker_and_two_threads_never_break_a_rule() {
                 }
             });
         }
-        // Churn until the worker has run 20 passes (bounded wait, no timing claim); user
-        // flushes race with them meanwhile.
-        for i in 0..2000 {
-            if reporter.stats().passes >= 20 {
+        // Churn until the worker has run 20 passes and something was reported (bounded
+        // wait, no timing claim: on a loaded machine the churn can keep every block of
+        // reporting order allocated for a while); user flushes race with them meanwhile.
+        for i in 0..4000 {
+            if reporter.stats().passes >= 20 && reporter.with_device(|d| d.batches) > 0 {
                 break;
             }
             if i % 4 == 0 {

@@ -4,6 +4,7 @@
 
 use proptest::prelude::*;
 use zeronce_balloon::fuzzing::{run, FuzzOutcome};
+use zeronce_balloon::MalformedKind;
 
 proptest! {
     #![proptest_config(ProptestConfig {
@@ -51,30 +52,82 @@ fn structured_inputs_reach_the_handlers() {
     assert!(out.notifications >= 4, "{out:?}");
 }
 
-#[test]
-fn random_inputs_are_not_vacuous() {
-    // A fixed pseudo-random stream: across 200 inputs the handlers must pop chains,
-    // refuse malformed ones and perform discards.
+/// The fixed pseudo-random stream of inputs the non-vacuity checks use.
+fn stream(n: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut total = FuzzOutcome::default();
-    for _ in 0..200 {
-        let data: Vec<u8> = (0..1024)
+    (0..n).map(move |_| {
+        (0..len)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
                 x as u8
             })
-            .collect();
+            .collect()
+    })
+}
+
+/// Classes of the hardening rounds an input can be made to reach, and how a run shows it.
+fn reaches(o: &FuzzOutcome) -> Vec<&'static str> {
+    let k = |kind: MalformedKind| o.kinds[kind.index()] > 0;
+    let mut v = Vec::new();
+    for (name, hit) in [
+        ("invalid_head", k(MalformedKind::InvalidHead)),
+        ("descriptor_in_flight", k(MalformedKind::DescriptorInFlight)),
+        ("discard_overlap", k(MalformedKind::DiscardOverlap)),
+        ("indirect", k(MalformedKind::IndirectDescriptor)),
+        ("stats_overflow", k(MalformedKind::StatsOverflow)),
+        ("more_than_a_queue", o.more > 0),
+        ("zero_promise", o.promises_checked > 0),
+    ] {
+        if hit {
+            v.push(name);
+        }
+    }
+    v
+}
+
+#[test]
+fn random_inputs_are_not_vacuous() {
+    // A fixed pseudo-random stream: across 400 inputs the handlers must pop chains,
+    // refuse malformed ones, perform discards, check zero promises against memory, and
+    // reach every class the harness detects. With ZERONCE_FUZZ_SEEDS=<dir> the first
+    // input reaching each class is written there (the cargo-fuzz seed corpus).
+    let mut total = FuzzOutcome::default();
+    let mut seeds: Vec<(&str, Vec<u8>)> = Vec::new();
+    for data in stream(400, 1024) {
         let o = run(&data);
+        for class in reaches(&o) {
+            if !seeds.iter().any(|(c, _)| *c == class) {
+                seeds.push((class, data.clone()));
+            }
+        }
         total.chains += o.chains;
         total.malformed += o.malformed;
         total.discards += o.discards;
         total.notifications += o.notifications;
+        total.promises_checked += o.promises_checked;
+        total.more += o.more;
     }
-    eprintln!("200 random inputs: {total:?}");
+    eprintln!("400 random inputs: {total:?}");
+    let found: Vec<&str> = seeds.iter().map(|(c, _)| *c).collect();
+    eprintln!("classes reached: {found:?}");
     assert!(
         total.chains > 50 && total.malformed > 10 && total.discards > 0,
         "{total:?}"
     );
+    assert!(total.promises_checked > 0, "{total:?}");
+    for class in [
+        "invalid_head",
+        "descriptor_in_flight",
+        "indirect",
+        "more_than_a_queue",
+    ] {
+        assert!(found.contains(&class), "{class} never reached: {found:?}");
+    }
+    if let Ok(dir) = std::env::var("ZERONCE_FUZZ_SEEDS") {
+        for (class, data) in &seeds {
+            std::fs::write(format!("{dir}/{class}"), data).expect("write seed");
+        }
+    }
 }

@@ -1,0 +1,120 @@
+//! What the harness checks beyond "nothing panicked": every descriptor is returned at
+//! most as often as the guest made it available, and every zero promise (an inflate
+//! bitmap bit, a reporting `used_len` under bit 6) is true in guest memory when the
+//! descriptor comes back (the recording discarder really writes the zeros).
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::QUEUE_SIZE;
+use crate::features::QueueKind;
+use crate::spec::PFN_PAGE_SIZE;
+
+/// What a well-formed request promised to check when it is used.
+#[derive(Clone, Debug)]
+pub(super) enum Promise {
+    /// An inflate with its PFNs and the bitmap the device writes.
+    Inflate { pfns: Vec<u32>, bitmap: u64 },
+    /// A report of these blocks `(gpa, len)`; a `used_len` of `total` promises all zero.
+    Report { blocks: Vec<(u64, u64)>, total: u32 },
+}
+
+/// Per queue: availabilities not yet used, and the promises recorded per head.
+#[derive(Debug, Default)]
+pub(super) struct Oracle {
+    avail: Vec<[u32; QUEUE_SIZE as usize]>,
+    promises: Vec<Vec<Option<Promise>>>,
+    /// Promises checked (the harness is not vacuous).
+    pub checked: usize,
+}
+
+impl Oracle {
+    /// Fresh queues (`n` of them).
+    pub fn reset(&mut self, n: usize) {
+        self.avail = vec![[0; QUEUE_SIZE as usize]; n];
+        self.promises = vec![vec![None; usize::from(QUEUE_SIZE)]; n];
+    }
+
+    /// The guest made `head` of queue `q` available (once more).
+    pub fn published(&mut self, q: usize, head: u16) {
+        if let Some(n) = self
+            .avail
+            .get_mut(q)
+            .and_then(|a| a.get_mut(usize::from(head)))
+        {
+            *n += 1;
+        }
+    }
+
+    /// Records what `head` of queue `q` promises when used.
+    pub fn expect(&mut self, q: usize, head: u16, p: Promise) {
+        if let Some(slot) = self
+            .promises
+            .get_mut(q)
+            .and_then(|v| v.get_mut(usize::from(head)))
+        {
+            *slot = Some(p);
+        }
+    }
+
+    /// Forgets every recorded promise (the guest rewrote buffers or descriptors).
+    pub fn forget(&mut self) {
+        for v in &mut self.promises {
+            v.fill(None);
+        }
+    }
+
+    /// The device used `id` on queue `q` with `len`: it was available, and what its
+    /// request promised holds in `mem`.
+    pub fn used(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        q: usize,
+        kind: Option<QueueKind>,
+        id: u32,
+        len: u32,
+    ) {
+        assert!(id < u32::from(QUEUE_SIZE), "used id {id} out of the table");
+        let head = id as usize;
+        let n = &mut self.avail[q][head];
+        assert!(
+            *n > 0,
+            "queue {q}: descriptor {id} returned more often than it was made available"
+        );
+        *n -= 1;
+        let Some(p) = self.promises[q][head].take() else {
+            return;
+        };
+        match (kind, p) {
+            (Some(QueueKind::Inflate), Promise::Inflate { pfns, bitmap }) if len > 0 => {
+                let mut bytes = vec![0u8; len as usize];
+                mem.read_slice(&mut bytes, GuestAddress(bitmap))
+                    .expect("bitmap in RAM");
+                for (i, pfn) in pfns.iter().enumerate() {
+                    if bytes.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0) {
+                        let at = u64::from(*pfn) * PFN_PAGE_SIZE;
+                        assert!(
+                            reads_zero(mem, at, PFN_PAGE_SIZE),
+                            "inflate bit {i} promised PFN {pfn:#x} zero; it is not"
+                        );
+                    }
+                }
+                self.checked += 1;
+            }
+            (Some(QueueKind::Reporting), Promise::Report { blocks, total }) if len == total => {
+                for (gpa, l) in blocks {
+                    assert!(
+                        reads_zero(mem, gpa, l),
+                        "used_len {len} promised {gpa:#x}+{l:#x} zero; it is not"
+                    );
+                }
+                self.checked += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn reads_zero(mem: &GuestMemoryMmap, gpa: u64, len: u64) -> bool {
+    let mut buf = vec![0u8; len as usize];
+    mem.read_slice(&mut buf, GuestAddress(gpa)).is_ok() && buf.iter().all(|&b| b == 0)
+}

@@ -7,6 +7,7 @@
 //! backing: `docs/ARCHITECTURE.md` (§2, §5) in the repository.
 #![warn(missing_docs)]
 
+mod claims;
 pub mod clock;
 pub mod discard;
 pub mod global;

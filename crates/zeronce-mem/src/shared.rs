@@ -4,14 +4,18 @@
 //! `GuestRam` changes contents only through `&mut self`, which serialises every writer of
 //! the whole mapping. An allocator hands disjoint blocks to many threads at once; this type
 //! lets each of them own its block's bytes. Soundness: a claim is granted only if it
-//! overlaps no live claim (checked under a mutex), the inner `GuestRam` is never exposed,
-//! and every reference to contents, zeroing or discard goes through a claim. So no two
-//! live references (or kernel side effects) ever touch the same byte.
+//! overlaps no live claim, the inner `GuestRam` is never exposed, and every reference to
+//! contents, zeroing or discard goes through a claim. So no two live references (or
+//! kernel side effects) ever touch the same byte.
+//!
+//! Claims are kept as bits per page and per 64-page group ([`ClaimMap`]): claiming and
+//! releasing a block costs an atomic operation or two on a word other threads are
+//! unlikely to use, instead of a lock every allocation of every thread takes.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use crate::claims::ClaimMap;
 use crate::discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
 use crate::ram::{bytes_are_zero, BackingKind, GuestRam};
 use crate::resident::ResidentError;
@@ -30,17 +34,16 @@ pub enum ClaimError {
         /// Size of the RAM.
         size: usize,
     },
-    /// The range overlaps a live claim.
-    #[error("range {offset:#x}+{len:#x} overlaps the live claim {other_offset:#x}+{other_len:#x}")]
+    /// The range overlaps a live claim (or, for as long as that attempt lasts, an
+    /// overlapping claim being attempted at the same time).
+    #[error("range {offset:#x}+{len:#x} overlaps a live claim of the page at {busy_offset:#x}")]
     Busy {
         /// Start offset.
         offset: usize,
         /// Length.
         len: usize,
-        /// Start of the claim it overlaps.
-        other_offset: usize,
-        /// Length of the claim it overlaps.
-        other_len: usize,
+        /// Start of the first claimed 4 KiB page it overlaps.
+        busy_offset: usize,
     },
 }
 
@@ -48,17 +51,29 @@ pub enum ClaimError {
 #[derive(Debug)]
 pub struct SharedRam {
     ram: GuestRam,
-    /// Live claims: start offset → end offset (exclusive); never overlapping.
-    claims: Mutex<BTreeMap<usize, usize>>,
+    /// Pages held by live claims.
+    claims: ClaimMap,
 }
+
+/// Attempts of a claim that meets a conflict: a conflict with another claim *attempt*
+/// that is being rolled back is gone by a later try; a live claim stays.
+const CLAIM_ATTEMPTS: usize = 16;
 
 impl SharedRam {
     /// Shares `ram`.
     pub fn new(ram: GuestRam) -> Arc<SharedRam> {
         Arc::new(SharedRam {
+            claims: ClaimMap::new(ram.len().div_ceil(crate::PAGE_SIZE)),
             ram,
-            claims: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Pages `[first, end)` a byte range touches.
+    fn pages_of(offset: usize, len: usize) -> (usize, usize) {
+        (
+            offset / crate::PAGE_SIZE,
+            (offset + len).div_ceil(crate::PAGE_SIZE),
+        )
     }
 
     /// Size in bytes.
@@ -103,23 +118,27 @@ impl SharedRam {
             Some(end) if len > 0 && end <= size => end,
             _ => return Err(ClaimError::OutOfRange { offset, len, size }),
         };
-        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
-        // The only claim that can overlap is the last one starting before `end`.
-        if let Some((&s, &e)) = claims.range(..end).next_back() {
-            if e > offset {
-                return Err(ClaimError::Busy {
-                    offset,
-                    len,
-                    other_offset: s,
-                    other_len: e - s,
-                });
+        let (first, last) = Self::pages_of(offset, end - offset);
+        let mut busy = first;
+        for attempt in 0..CLAIM_ATTEMPTS {
+            match self.claims.try_claim(first, last) {
+                Ok(()) => {
+                    return Ok(RamRange {
+                        ram: Arc::clone(self),
+                        offset,
+                        len,
+                    })
+                }
+                Err(page) => busy = page,
+            }
+            if attempt + 1 < CLAIM_ATTEMPTS {
+                std::hint::spin_loop();
             }
         }
-        claims.insert(offset, end);
-        Ok(RamRange {
-            ram: Arc::clone(self),
+        Err(ClaimError::Busy {
             offset,
             len,
+            busy_offset: busy * crate::PAGE_SIZE,
         })
     }
 }
@@ -255,8 +274,8 @@ impl RamRange {
 
 impl Drop for RamRange {
     fn drop(&mut self) {
-        let mut claims = self.ram.claims.lock().unwrap_or_else(|e| e.into_inner());
-        claims.remove(&self.offset);
+        let (first, end) = SharedRam::pages_of(self.offset, self.len);
+        self.ram.claims.release(first, end);
     }
 }
 
@@ -275,7 +294,7 @@ mod tests {
         assert!(matches!(
             r.claim(0, 4097),
             Err(ClaimError::Busy {
-                other_offset: 4096,
+                busy_offset: 4096,
                 ..
             })
         ));
@@ -290,6 +309,52 @@ mod tests {
         drop(a);
         let a2 = r.claim(0x1000, 0x2000).unwrap();
         drop((a2, b, c));
+    }
+
+    #[test]
+    fn claims_across_words_roll_back_on_conflict() {
+        let r = ram();
+        let page = crate::PAGE_SIZE;
+        // Pages 100..101 held; a claim of pages 10..300 (five words) fails at page 100 and
+        // leaves nothing of its own behind.
+        let held = r.claim(100 * page, page).unwrap();
+        assert!(matches!(
+            r.claim(10 * page, 290 * page),
+            Err(ClaimError::Busy { busy_offset, .. }) if busy_offset == 100 * page
+        ));
+        let below = r.claim(10 * page, 90 * page).unwrap();
+        let above = r.claim(101 * page, 199 * page).unwrap();
+        // A byte range owns every page it touches.
+        assert!(r.claim(100 * page + 10, 1).is_err());
+        drop((held, below, above));
+        let whole = r.claim(0, r.len()).unwrap();
+        assert!(r.claim(r.len() - 1, 1).is_err());
+        drop(whole);
+        assert!(r.claim(64 * page, 64 * page).is_ok());
+    }
+
+    #[test]
+    fn racing_overlapping_claims_never_both_hold() {
+        let r = ram();
+        let page = crate::PAGE_SIZE;
+        let inside = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for t in 0..2usize {
+                let (r, inside) = (&r, &inside);
+                s.spawn(move || {
+                    for i in 0..20_000usize {
+                        // Overlapping ranges of different shapes, across word boundaries.
+                        let (first, pages) = if (i + t) % 2 == 0 { (60, 10) } else { (63, 70) };
+                        if let Ok(c) = r.claim(first * page, pages * page) {
+                            assert_eq!(inside.fetch_add(1, Relaxed), 0);
+                            inside.fetch_sub(1, Relaxed);
+                            drop(c);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(r.claim(0, r.len()).is_ok(), "every bit cleared");
     }
 
     #[test]

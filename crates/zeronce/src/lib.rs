@@ -40,6 +40,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod caches;
 mod claimed;
 pub mod global;
 mod managed;

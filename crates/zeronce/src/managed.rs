@@ -7,10 +7,11 @@ use std::sync::Arc;
 use zeronce_mem::{DiscardOp, SharedRam};
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
-    AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
-    Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
+    AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
+    MemoryManager, MmConfig, Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
 
+use crate::caches::ThreadCaches;
 use crate::claimed::ClaimedBytes;
 use crate::process::background::BackgroundZeroer;
 use crate::process::zeromap::{Site, ZeroMap};
@@ -22,6 +23,8 @@ pub(crate) struct ManagedMemory<D: ReportingDevice + 'static> {
     /// The zero-once lifecycle (process mode only).
     pub(crate) life: Option<Lifecycle>,
     pub(crate) reporter: Option<Reporter<MemoryManager, D>>,
+    /// The small-order fast path in front of `mm`.
+    pub(crate) caches: ThreadCaches,
     pub(crate) mm: Arc<MemoryManager>,
     pub(crate) ram: Arc<SharedRam>,
 }
@@ -149,6 +152,16 @@ pub(crate) trait BlockOwner: Send + Sync {
     fn mm(&self) -> &MemoryManager;
     fn ram(&self) -> &Arc<SharedRam>;
     fn life(&self) -> Option<&Lifecycle>;
+    /// Allocates through the per-thread caches; a zero-request zeroes only the first
+    /// `used_pages` pages.
+    fn alloc(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<Allocation, AllocError>;
+    /// Frees through the per-thread caches.
+    fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError>;
 }
 
 impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
@@ -160,6 +173,17 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
     }
     fn life(&self) -> Option<&Lifecycle> {
         self.life.as_ref()
+    }
+    fn alloc(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<Allocation, AllocError> {
+        self.caches.alloc(&self.mm, order, req, used_pages)
+    }
+    fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
+        self.caches.free(&self.mm, block, hint)
     }
 }
 
@@ -184,7 +208,7 @@ pub(crate) fn alloc_prefix(
     if life.is_some_and(|l| l.init_on_alloc) {
         req.zeroed = true;
     }
-    let alloc = owner.mm().alloc_prefix(order, req, used_pages)?;
+    let alloc = owner.alloc(order, req, used_pages)?;
     if let Some(l) = life {
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
         l.map.handed_out(alloc.block);
@@ -193,7 +217,7 @@ pub(crate) fn alloc_prefix(
         Ok(b) => b,
         Err(e) => {
             // Give the block back before reporting the bug.
-            let _ = owner.mm().free(alloc.block, FreeHint::Dirty);
+            let _ = owner.free(alloc.block, FreeHint::Dirty);
             return Err(e.into());
         }
     };
@@ -313,7 +337,7 @@ impl PageBlock {
         }
         // Our claim must go before the manager (or the verify read) can touch the block.
         self.bytes.release();
-        match self.owner.mm().free(block, hint) {
+        match self.owner.free(block, hint) {
             Ok(()) => {
                 if let Some(l) = self.owner.life() {
                     l.after_free(block, hint);

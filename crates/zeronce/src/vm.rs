@@ -290,6 +290,7 @@ impl VmBuilder {
         );
         Ok(VmMemory {
             inner: Arc::new(ManagedMemory {
+                caches: crate::caches::ThreadCaches::new(&mm),
                 life: None,
                 reporter: Some(reporter),
                 mm,
@@ -373,8 +374,9 @@ impl VmMemory {
     }
 
     /// Reports up to `max_pages` free pages now through the virtqueue (ignoring delay
-    /// and budget).
+    /// and budget). Blocks in the per-thread caches go back to the allocator first.
     pub fn flush(&self, max_pages: u64) -> PassReport {
+        self.inner.caches.drain();
         self.reporter().flush(max_pages)
     }
 

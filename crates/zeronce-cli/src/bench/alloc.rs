@@ -15,7 +15,9 @@
 //! alternates), so they share the machine's noise; the ratio of a case is the median of
 //! the per-repetition ratios (ours / theirs). Throughput is from wall-clock time.
 
+use super::progress::Progress;
 use super::stats::{time_it, Summary};
+use super::target::{verdict, Target};
 use super::{BenchResult, Common};
 use buddy_system_allocator::FrameAllocator;
 use clap::Args;
@@ -23,8 +25,10 @@ use serde_json::{json, Map, Value};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
+use zeronce::ProcessMemory;
 use zeronce_mm::{
     AllocRequest, FreeHint, MemoryManager, MmConfig, NoopZeroer, Order, PageRange, PcpCache, Pfn,
+    PAGE_SIZE,
 };
 
 /// Arguments of `zeronce bench alloc`.
@@ -32,6 +36,12 @@ use zeronce_mm::{
 pub struct AllocArgs {
     #[command(flatten)]
     pub common: Common,
+    /// Repetitions of every case [default: 11; --quick: 7].
+    #[arg(long, value_parser = super::at_least_one)]
+    pub repetitions: Option<usize>,
+    /// Alloc+free pairs per thread per case and repetition [default: 1048576; --quick: 131072].
+    #[arg(long, value_parser = super::at_least_one)]
+    pub pairs: Option<usize>,
 }
 
 /// Pages managed by each allocator: 1 GiB of 4 KiB frames (no real memory behind them).
@@ -87,22 +97,28 @@ impl Case {
     }
 }
 
-/// The two allocators under test.
+/// The allocators under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Which {
-    Zeronce,
-    ZeronceNoCache,
+    /// What a user of the library gets: `ProcessMemory::alloc`, the block dropped to free
+    /// it (the headline).
+    FrontDoor,
+    /// The bare manager behind a per-thread [`PcpCache`] the bench owns (no byte claims,
+    /// no process-mode bookkeeping): the allocator's own speed.
+    CacheOnly,
+    /// The bare manager, every call under the zone lock.
+    Manager,
     BuddySystemAllocator,
 }
 
 impl Which {
-    const ALL: [Which; 3] = [
-        Which::Zeronce,
+    const ALL: [Which; 4] = [
+        Which::FrontDoor,
         Which::BuddySystemAllocator,
-        Which::ZeronceNoCache,
+        Which::CacheOnly,
+        Which::Manager,
     ];
 }
-
 /// Runs `iters` iterations of `case` on a fresh allocator; returns wall time.
 fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
     let order = Order::new(case.order).map_err(|e| e.to_string())?;
@@ -111,7 +127,23 @@ fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
     let count = order.pages() as usize;
     let out_of_frames = || "buddy_system_allocator: out of frames".to_string();
     match which {
-        Which::Zeronce => {
+        Which::FrontDoor => {
+            let pm = ProcessMemory::builder()
+                .size((PAGES * PAGE_SIZE) as usize)
+                .no_reporting()
+                .build()
+                .map_err(|e| e.to_string())?;
+            run_threads(case.threads, &barrier, move |_| {
+                churn(
+                    &mut &pm,
+                    iters,
+                    batch,
+                    |pm| pm.alloc(order),
+                    |_, b| b.free(),
+                )
+            })
+        }
+        Which::CacheOnly => {
             let mm = Arc::new(manager()?);
             run_threads(case.threads, &barrier, move |_| {
                 let mut cache = PcpCache::new(mm.clone());
@@ -124,7 +156,7 @@ fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
                 )
             })
         }
-        Which::ZeronceNoCache => {
+        Which::Manager => {
             let mm = Arc::new(manager()?);
             run_threads(case.threads, &barrier, move |_| {
                 churn(
@@ -235,121 +267,145 @@ where
     Ok(sample.wall)
 }
 
-/// Per-case series: pairs/s of each allocator and the per-repetition ratios.
+/// Per-case series, indexed like [`Which::ALL`]: pairs/s of each allocator and, for ours,
+/// the per-repetition ratios against `buddy_system_allocator`.
 #[derive(Default)]
 struct Series {
-    ours: Vec<f64>,
-    theirs: Vec<f64>,
-    nocache: Vec<f64>,
-    ratio: Vec<f64>,
-    ratio_nocache: Vec<f64>,
+    rate: [Vec<f64>; 4],
+    ratio: [Vec<f64>; 4],
 }
 
-/// Runs the benchmark.
-pub fn run(args: &AllocArgs) -> BenchResult {
-    let Common { quick, json } = args.common;
-    let reps = if quick { 7 } else { 11 };
-    // Pairs per thread per run: full runs last ~0.05-0.3 s per case and allocator.
-    let pairs = if quick { 1 << 17 } else { 1 << 20 };
+const BSA: usize = 1;
+
+/// The target of a case's front-door ratio.
+fn target(case: Case) -> Option<Target> {
+    match case.order {
+        0 => Some(Target::AtLeast(2.0)),
+        9 => Some(Target::AtLeast(1.0)),
+        _ => None,
+    }
+}
+
+/// Runs every case `reps` times, the allocators of a case back to back (rotating start).
+fn measure_all(reps: usize, pairs: usize, progress: &Progress) -> Result<Vec<Series>, String> {
     let mut series: Vec<Series> = Case::ALL.iter().map(|_| Series::default()).collect();
     for rep in 0..reps {
         for (case, s) in Case::ALL.iter().zip(series.iter_mut()) {
             let iters = (pairs / case.batch()).max(1);
             let total = (iters * case.batch() * case.threads) as f64;
-            // Rotate which allocator goes first.
-            let mut rate = [0.0; 3];
-            for k in 0..3 {
-                let i = (k + rep) % 3;
-                let t = measure(Which::ALL[i], *case, iters)?;
-                rate[i] = total / t.as_secs_f64();
+            let mut rate = [0.0; 4];
+            for k in 0..rate.len() {
+                let i = (k + rep) % rate.len();
+                rate[i] = total / measure(Which::ALL[i], *case, iters)?.as_secs_f64();
             }
-            s.ours.push(rate[0]);
-            s.theirs.push(rate[1]);
-            s.nocache.push(rate[2]);
-            s.ratio.push(rate[0] / rate[1]);
-            s.ratio_nocache.push(rate[2] / rate[1]);
+            for i in 0..rate.len() {
+                s.rate[i].push(rate[i]);
+                s.ratio[i].push(rate[i] / rate[BSA]);
+            }
         }
+        progress.inc();
     }
+    Ok(series)
+}
+
+/// Runs the benchmark.
+pub fn run(args: &AllocArgs) -> BenchResult {
+    let c = args.common;
+    let reps = c.pick(args.repetitions, 7, 11);
+    // Pairs per thread per run: full runs last ~0.05-0.3 s per case and allocator.
+    let pairs = c.pick(args.pairs, 1 << 17, 1 << 20);
+    if !c.json {
+        println!(
+            "bench alloc{}: alloc+free pairs/s, {reps} repetitions of {pairs} pairs per thread \
+             per case and allocator, {PAGES} pages managed; ratios are medians of the \
+             per-repetition ratios against buddy_system_allocator",
+            if c.quick { " (--quick)" } else { "" }
+        );
+    }
+    let progress = Progress::new(c, "bench alloc", reps as u64);
+    let series = measure_all(reps, pairs, &progress)?;
+    progress.finish();
     let summary = |v: &[f64]| Summary::of(v).ok_or("no samples");
     let mut out = Map::new();
     out.insert("bench".into(), json!("alloc"));
-    out.insert("quick".into(), json!(quick));
+    out.insert("quick".into(), json!(c.quick));
     out.insert("repetitions".into(), json!(reps));
     out.insert("pages_managed".into(), json!(PAGES));
     out.insert("pairs_per_thread_per_run".into(), json!(pairs));
     out.insert(
         "method".into(),
-        json!("alloc a batch of blocks then free them; pairs/s from wall time; ratio = median of per-repetition ours/theirs; ours through a per-thread PcpCache (nocache: MemoryManager directly); buddy_system_allocator FrameAllocator<11> unlocked for 1 thread, in std Mutex for 2"),
+        json!("alloc a batch of blocks then free them; pairs/s from wall time; ratio = median of per-repetition ours/theirs. front_door: ProcessMemory::alloc + PageBlock::free (what a library user gets); cache_only: MemoryManager behind a PcpCache the bench owns; manager: MemoryManager directly; buddy_system_allocator FrameAllocator<11> unlocked for 1 thread, in a std Mutex for 2"),
     );
     let mut cases = Vec::new();
-    let mut rows = Vec::new();
+    let mut table = Vec::new();
     for (case, s) in Case::ALL.iter().zip(&series) {
-        let (ours, theirs, ratio) = (summary(&s.ours)?, summary(&s.theirs)?, summary(&s.ratio)?);
-        let (nocache, ratio_nocache) = (summary(&s.nocache)?, summary(&s.ratio_nocache)?);
-        out.insert(
-            format!("ratio_vs_buddy_system_allocator_{}", case.key()),
-            json!(ratio.median),
-        );
-        out.insert(
-            format!("ratio_nocache_vs_buddy_system_allocator_{}", case.key()),
-            json!(ratio_nocache.median),
-        );
+        let ratio = summary(&s.ratio[0])?;
+        let (cache, manager) = (summary(&s.ratio[2])?, summary(&s.ratio[3])?);
         if case.threads == 1 && case.order == 0 {
             out.insert(
                 "ratio_vs_buddy_system_allocator_order0".into(),
                 json!(ratio.median),
             );
         }
-        cases.push(json!({
+        out.insert(
+            format!("ratio_vs_buddy_system_allocator_{}", case.key()),
+            json!(ratio.median),
+        );
+        let mut row = json!({
             "order": case.order, "threads": case.threads, "batch": case.batch(),
-            "zeronce_pairs_per_s": ours.to_json(),
-            "buddy_system_allocator_pairs_per_s": theirs.to_json(),
-            "zeronce_nocache_pairs_per_s": nocache.to_json(),
-            "ratio": ratio.to_json(),
-            "ratio_nocache": ratio_nocache.to_json(),
-        }));
-        rows.push((
-            *case,
-            ours.median,
-            theirs.median,
-            ratio,
-            ratio_nocache.median,
-        ));
-    }
-    out.insert("cases".into(), Value::Array(cases));
-    if json {
-        println!("{}", Value::Object(out));
-        return Ok(());
-    }
-    if quick {
-        println!("(--quick: {reps} repetitions of {pairs} pairs per thread; full runs use 2^20 pairs and 11 repetitions)");
-    }
-    println!("alloc+free pairs/s, medians of {reps} repetitions, {PAGES} pages managed");
-    println!(
-        "{:>5} {:>7} {:>5} {:>14} {:>14} {:>7} {:>13} {:>14}",
-        "order",
-        "threads",
-        "batch",
-        "zeronce M/s",
-        "bsa M/s",
-        "ratio",
-        "ratio min-max",
-        "no-cache ratio"
-    );
-    for (case, ours, theirs, ratio, nocache) in rows {
-        println!(
-            "{:>5} {:>7} {:>5} {:>14.2} {:>14.2} {:>7.2} {:>6.2}-{:<6.2} {:>14.2}",
+            "front_door_pairs_per_s": summary(&s.rate[0])?.to_json(),
+            "buddy_system_allocator_pairs_per_s": summary(&s.rate[BSA])?.to_json(),
+            "cache_only_pairs_per_s": summary(&s.rate[2])?.to_json(),
+            "manager_pairs_per_s": summary(&s.rate[3])?.to_json(),
+            "ratio_front_door": ratio.to_json(),
+            "ratio_cache_only": cache.to_json(),
+            "ratio_manager": manager.to_json(),
+        });
+        if let Some(t) = target(*case) {
+            row["target"] = t.to_json(ratio.median);
+        }
+        cases.push(row);
+        table.push(format!(
+            "{:>5} {:>7} {:>5} {:>11.2} {:>8.2} {:>6.2} {:>5.2}-{:<5.2} {:<22} {:>10.2} {:>8.2}",
             case.order,
             case.threads,
             case.batch(),
-            ours / 1e6,
-            theirs / 1e6,
+            summary(&s.rate[0])?.median / 1e6,
+            summary(&s.rate[BSA])?.median / 1e6,
             ratio.median,
             ratio.min,
             ratio.max,
-            nocache
-        );
+            verdict(target(*case), ratio.median),
+            cache.median,
+            manager.median,
+        ));
     }
+    out.insert("cases".into(), Value::Array(cases));
+    if c.json {
+        println!("{}", Value::Object(out));
+        return Ok(());
+    }
+    println!(
+        "{:>5} {:>7} {:>5} {:>11} {:>8} {:>6} {:>11} {:<22} {:>10} {:>8}",
+        "order",
+        "threads",
+        "batch",
+        "ours M/s",
+        "bsa M/s",
+        "ratio",
+        "min-max",
+        "",
+        "cache-only",
+        "manager"
+    );
+    for line in table {
+        println!("{line}");
+    }
+    println!(
+        "ours = ProcessMemory::alloc + free, what a library user gets; cache-only and manager: \
+         the bare allocator (behind a per-thread cache the bench owns, or every call under the \
+         zone lock), ratios against buddy_system_allocator in the same repetitions"
+    );
     Ok(())
 }
 

@@ -5,9 +5,11 @@ pub mod alloc;
 pub mod alloc_once;
 pub mod churn;
 pub mod prezero;
+pub mod progress;
 pub mod report_path;
 pub mod rss_follow;
 pub mod stats;
+pub mod target;
 pub mod zero;
 
 use clap::{Args, Subcommand};

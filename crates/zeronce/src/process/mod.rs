@@ -256,6 +256,7 @@ impl Builder {
         };
         Ok(ProcessMemory {
             inner: Arc::new(ManagedMemory {
+                caches: crate::caches::ThreadCaches::new(&mm),
                 life: Some(life),
                 reporter,
                 mm,
@@ -328,8 +329,10 @@ impl ProcessMemory {
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles
-    /// expired holds; `None` when reporting is off.
+    /// expired holds; `None` when reporting is off. Blocks in the per-thread caches go back
+    /// to the allocator first, so they can merge and be reported too.
     pub fn flush(&self, max_pages: u64) -> Option<PassReport> {
+        self.inner.caches.drain();
         self.inner.reporter.as_ref().map(|r| r.flush(max_pages))
     }
 

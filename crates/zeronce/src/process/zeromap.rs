@@ -130,6 +130,10 @@ impl ZeroMap {
                 std::thread::yield_now();
                 continue;
             }
+            if cur == new {
+                // Small blocks of a chunk in use: no write, so no cache-line transfer.
+                return cur;
+            }
             if c.compare_exchange(cur, new, AcqRel, Acquire).is_ok() {
                 return cur;
             }

@@ -1,0 +1,205 @@
+//! [`ClaimMap`]: which 4 KiB pages of a [`crate::SharedRam`] a live claim holds, in two
+//! levels of bits so that claiming and releasing costs one or two atomic operations for a
+//! small block and for a 2 MiB block alike.
+//!
+//! - Level 0: one bit per page. A claim sets the bits of the pages it holds in a *group*
+//!   (64 aligned pages) it does not cover whole.
+//! - Level 1: one bit per group. A claim sets the bit of every group it covers whole.
+//!
+//! A claim that sets level-0 bits of group `g` then reads `g`'s level-1 bit; one that sets
+//! `g`'s level-1 bit then reads `g`'s level-0 word. Sets and reads are all `SeqCst`, so of
+//! two overlapping claims at least one sees the other (Dekker's argument over the single
+//! total order of `SeqCst` operations) and rolls back: two overlapping claims never both
+//! succeed. Two that race may both roll back; the caller retries. The release of a claim
+//! and the reads or sets of the next claimer of the same pages are release/acquire pairs,
+//! so the next owner sees every write of the previous one.
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+const GROUP: usize = 64;
+
+/// Claimed pages of one RAM (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ClaimMap {
+    /// Level 0: bit `p % 64` of word `p / 64` = page `p` held by a partial-group claim.
+    pages: Box<[AtomicU64]>,
+    /// Level 1: bit `g % 64` of word `g / 64` = group `g` held whole.
+    groups: Box<[AtomicU64]>,
+}
+
+/// Bits `[lo, hi)` of a word.
+fn mask(lo: usize, hi: usize) -> u64 {
+    if hi - lo == 64 {
+        u64::MAX
+    } else {
+        ((1u64 << (hi - lo)) - 1) << lo
+    }
+}
+
+/// One piece of a claim: some pages of one group, or a run of whole groups within one
+/// level-1 word.
+#[derive(Clone, Copy, Debug)]
+enum Piece {
+    /// Level-0 word `word`, bits `mask`.
+    Pages { word: usize, mask: u64 },
+    /// Level-1 word `word`, bits `mask` (groups `word * 64 + bit`).
+    Groups { word: usize, mask: u64 },
+}
+
+/// The pieces of pages `[first, end)`, in address order.
+fn pieces(first: usize, end: usize) -> impl Iterator<Item = Piece> {
+    let mut at = first;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let group = at / GROUP;
+        let group_end = (group + 1) * GROUP;
+        if at % GROUP != 0 || end < group_end {
+            let hi = end.min(group_end);
+            let piece = Piece::Pages {
+                word: group,
+                mask: mask(at - group * GROUP, hi - group * GROUP),
+            };
+            at = hi;
+            return Some(piece);
+        }
+        // Whole groups from `group`, up to the end of the range or of this level-1 word.
+        let whole_end = (end / GROUP).min((group / 64 + 1) * 64);
+        let word = group / 64;
+        let piece = Piece::Groups {
+            word,
+            mask: mask(group - word * 64, whole_end - word * 64),
+        };
+        at = whole_end * GROUP;
+        Some(piece)
+    })
+}
+
+impl ClaimMap {
+    /// The map of `pages` pages, none claimed.
+    pub(crate) fn new(pages: usize) -> Self {
+        let groups = pages.div_ceil(GROUP);
+        let words = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        ClaimMap {
+            pages: words(groups),
+            groups: words(groups.div_ceil(64)),
+        }
+    }
+
+    /// Claims pages `[first, end)` if no live claim holds any of them; else rolls back
+    /// and returns a page that was busy.
+    pub(crate) fn try_claim(&self, first: usize, end: usize) -> Result<(), usize> {
+        for (taken, piece) in pieces(first, end).enumerate() {
+            if let Err(busy) = self.take(piece) {
+                pieces(first, end).take(taken).for_each(|p| self.give(p));
+                return Err(busy);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases pages `[first, end)`, claimed by one successful [`ClaimMap::try_claim`].
+    pub(crate) fn release(&self, first: usize, end: usize) {
+        pieces(first, end).for_each(|p| self.give(p));
+    }
+
+    /// Sets the bits of `piece` (none may be set), then checks the other level.
+    fn take(&self, piece: Piece) -> Result<(), usize> {
+        let (word, mask, base) = match piece {
+            Piece::Pages { word, mask } => (&self.pages[word], mask, word * GROUP),
+            Piece::Groups { word, mask } => (&self.groups[word], mask, word * 64 * GROUP),
+        };
+        let scale = match piece {
+            Piece::Pages { .. } => 1,
+            Piece::Groups { .. } => GROUP,
+        };
+        let mut cur = word.load(SeqCst);
+        loop {
+            if cur & mask != 0 {
+                return Err(base + (cur & mask).trailing_zeros() as usize * scale);
+            }
+            match word.compare_exchange_weak(cur, cur | mask, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        let other = match piece {
+            // Our pages' group must not be held whole.
+            Piece::Pages { word: group, .. } => {
+                let held = self.groups[group / 64].load(SeqCst) & (1 << (group % 64)) != 0;
+                held.then_some(group * GROUP)
+            }
+            // No page of our whole groups may be held by a partial claim.
+            Piece::Groups { word: w, mask } => {
+                let (lo, hi) = (
+                    mask.trailing_zeros() as usize,
+                    64 - mask.leading_zeros() as usize,
+                );
+                self.pages[w * 64 + lo..w * 64 + hi]
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, word)| {
+                        let bits = word.load(SeqCst);
+                        (bits != 0)
+                            .then(|| (w * 64 + lo + i) * GROUP + bits.trailing_zeros() as usize)
+                    })
+            }
+        };
+        match other {
+            None => Ok(()),
+            Some(busy) => {
+                self.give(piece);
+                Err(busy)
+            }
+        }
+    }
+
+    fn give(&self, piece: Piece) {
+        match piece {
+            Piece::Pages { word, mask } => self.pages[word].fetch_and(!mask, SeqCst),
+            Piece::Groups { word, mask } => self.groups[word].fetch_and(!mask, SeqCst),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_split_partial_groups_from_whole_ones() {
+        let p: Vec<_> = pieces(60, 64 * 70 + 3).collect();
+        assert!(matches!(p[0], Piece::Pages { word: 0, mask } if mask == 0xf << 60));
+        // Groups 1..64 fill level-1 word 0 from bit 1; groups 64..70 start word 1.
+        assert!(matches!(p[1], Piece::Groups { word: 0, mask } if mask == u64::MAX << 1));
+        assert!(matches!(p[2], Piece::Groups { word: 1, mask } if mask == 0x3f));
+        assert!(matches!(
+            p[3],
+            Piece::Pages {
+                word: 70,
+                mask: 0b111
+            }
+        ));
+        assert_eq!(p.len(), 4);
+        assert_eq!(pieces(128, 192).count(), 1);
+        assert_eq!(pieces(5, 6).count(), 1);
+    }
+
+    #[test]
+    fn whole_and_partial_claims_exclude_each_other() {
+        let m = ClaimMap::new(64 * 200);
+        m.try_claim(512, 1024).unwrap(); // groups 8..16 whole
+        assert_eq!(m.try_claim(700, 701), Err(640)); // inside group 10
+        assert!(m.try_claim(1000, 1100).is_err());
+        m.try_claim(1024, 1025).unwrap();
+        assert!(m.try_claim(0, 64 * 200).is_err());
+        // The failed big claim left nothing behind.
+        m.try_claim(0, 512).unwrap();
+        m.release(512, 1024);
+        m.try_claim(700, 701).unwrap();
+        assert!(m.try_claim(640, 704).is_err());
+        m.release(700, 701);
+        m.try_claim(640, 704).unwrap();
+    }
+}

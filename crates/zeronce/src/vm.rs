@@ -389,6 +389,8 @@ impl VmMemory {
 
     /// Counters of the manager, the engine, the driver and the device.
     pub fn stats(&self) -> VmStats {
+        // Exact counts: blocks in the per-thread caches go back to the allocator first.
+        self.inner.caches.drain();
         let r = self.reporter();
         VmStats {
             mm: self.inner.mm.stats(),

@@ -343,6 +343,8 @@ impl ProcessMemory {
 
     /// Counters.
     pub fn stats(&self) -> ProcessStats {
+        // Exact counts: blocks in the per-thread caches go back to the allocator first.
+        self.inner.caches.drain();
         let r = self.inner.reporter.as_ref();
         ProcessStats {
             mm: self.inner.mm.stats(),

@@ -8,15 +8,20 @@
 
 mod bench;
 mod demo;
+mod plot;
 mod vhost;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-/// zeronce: return free memory to the host and never zero a page twice.
+/// zeronce: an allocator that gives free memory back to the host (free page reporting)
+/// and never zeroes a page twice (host-zeroed page hints, pre-zeroed huge pages).
+///
+/// This program shows it working (`demo`) and measures it against baselines in the same
+/// run (`bench`). Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=zeronce=debug) for more.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -4,7 +4,9 @@
 //! Linux's budget (1/16 of each free list per 2 s pass) and once with the adaptive budget
 //! (everything in one pass when nothing of reportable order was allocated during the delay).
 
+use super::progress::Progress;
 use super::{BenchResult, Common};
+use crate::plot;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -16,6 +18,9 @@ use zeronce::{BudgetPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetu
 pub struct RssFollowArgs {
     #[command(flatten)]
     pub common: Common,
+    /// Draw resident memory over time for both budgets into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Sizes and times of one run.
@@ -116,6 +121,18 @@ pub fn run(args: &RssFollowArgs) -> BenchResult {
     };
     let target_s = plan.delay.as_secs_f64() + 1.0;
     let target_bytes = plan.working_set as u64 + (64 << 20);
+    if !json {
+        println!(
+            "bench rss-follow{}: write {} MiB in 2 MiB blocks, keep {} MiB, free the rest; \
+             reporting delay {} ms; target: resident ≤ {} MiB within {target_s:.1} s",
+            if quick { " (--quick)" } else { "" },
+            plan.written >> 20,
+            plan.working_set >> 20,
+            plan.delay.as_millis(),
+            target_bytes >> 20
+        );
+    }
+    let mut lines = Vec::new();
     let mut policies = Map::new();
     let mut settle = [0.0; 2];
     let mut met = [false; 2];
@@ -126,19 +143,28 @@ pub fn run(args: &RssFollowArgs) -> BenchResult {
     .into_iter()
     .enumerate()
     {
-        let o = follow(plan, budget)?;
+        let progress = Progress::new(args.common, &format!("bench rss-follow ({name})"), 1);
+        let o = follow(plan, budget);
+        progress.finish();
+        let o = o?;
+        lines.push(plot::Series {
+            name: format!("{name} budget"),
+            points: o
+                .samples
+                .iter()
+                .map(|&(t, b)| (t, (b >> 20) as f64))
+                .collect(),
+        });
         settle[i] = o.seconds_to_settle;
         met[i] = o.rss_after <= target_bytes && o.seconds_to_settle <= target_s;
         if !json {
             println!(
-                "  {name:<8}: resident {:>5} MiB after {:>5.1} s ({} passes); process RssAnon {} MiB; target (≤ {} MiB within {:.1} s) {}",
+                "  {name:<8}: resident {:>5} MiB after {:>5.1} s ({} passes); process RssAnon {} MiB; {}",
                 o.rss_after >> 20,
                 o.seconds_to_settle,
                 o.passes,
                 o.process_rss_anon_after >> 20,
-                target_bytes >> 20,
-                target_s,
-                if met[i] { "met" } else { "not met" },
+                if met[i] { "met" } else { "NOT MET" },
             );
         }
         policies.insert(
@@ -153,6 +179,22 @@ pub fn run(args: &RssFollowArgs) -> BenchResult {
                 "samples_s_bytes": o.samples,
             }),
         );
+    }
+    if let Some(path) = &args.plot {
+        let marks = [
+            plot::Mark {
+                at: 0.0,
+                what: "freed".into(),
+            },
+            plot::Mark {
+                at: plan.delay.as_secs_f64(),
+                what: "first report due".into(),
+            },
+        ];
+        plot::resident_over_time(path, "resident memory after a free", &lines, &marks)?;
+        if !json {
+            println!("plot: {}", path.display());
+        }
     }
     if json {
         let mut out = Map::new();
@@ -170,11 +212,6 @@ pub fn run(args: &RssFollowArgs) -> BenchResult {
         );
         println!("{}", Value::Object(out));
     } else {
-        if quick {
-            println!(
-                "(--quick: 1 GiB written, 64 MiB kept, delay 500 ms; full: 4 GiB, 256 MiB, 2 s)"
-            );
-        }
         println!(
             "adaptive settles in {:.1} s, linux in {:.1} s",
             settle[1], settle[0]

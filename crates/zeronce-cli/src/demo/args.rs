@@ -236,6 +236,17 @@ impl DemoArgs {
     }
 }
 
+impl DemoArgs {
+    /// What backs the memory, in words.
+    pub fn plan_backing_name(&self) -> &'static str {
+        match (self.backing, self.mode) {
+            (DemoBacking::Anon, DemoMode::Process) => "private anonymous (THP)",
+            (DemoBacking::Anon | DemoBacking::Memfd, _) => "shared memfd",
+            (DemoBacking::Hugetlb, _) => "2 MiB hugetlb",
+        }
+    }
+}
+
 /// The smallest managed size, bytes, whose free memory passes the reporting engine's
 /// watermark gate (Linux's: low watermark plus one full batch of reporting-order blocks).
 fn min_reporting_size(config: &ReportingConfig) -> usize {

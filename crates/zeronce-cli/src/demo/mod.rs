@@ -8,7 +8,11 @@
 //! `zeronce bench …` measures the claims with medians.
 
 mod args;
+mod out;
 mod vm;
+
+use out::Out;
+use serde_json::json;
 
 pub use args::DemoArgs;
 use args::{DemoMode, Plan};
@@ -20,6 +24,8 @@ use zeronce::{Order, PageBlock, ProcessMemory, VmMemory};
 trait DemoMemory {
     fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error>;
     fn mm_stats(&self) -> Stats;
+    /// Bytes held in memory (resident pages, or the memfd's allocated blocks).
+    fn resident(&self) -> u64;
 }
 
 impl DemoMemory for ProcessMemory {
@@ -29,6 +35,9 @@ impl DemoMemory for ProcessMemory {
     fn mm_stats(&self) -> Stats {
         self.stats().mm
     }
+    fn resident(&self) -> u64 {
+        self.resident_bytes()
+    }
 }
 
 impl DemoMemory for VmMemory {
@@ -37,6 +46,9 @@ impl DemoMemory for VmMemory {
     }
     fn mm_stats(&self) -> Stats {
         self.stats().mm
+    }
+    fn resident(&self) -> u64 {
+        self.memfd_allocated_bytes()
     }
 }
 
@@ -60,63 +72,139 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
         .backing(plan.backing)
         .reporting(plan.setup)
         .build()?;
-    println!(
-        "zeronce demo: {} MiB of {:?} memory, working set {} MiB in 2 MiB blocks, \
-         reporting order 9, delay {:?}",
-        args.size_mib, args.backing, args.working_set_mib, delay
+    let mut out = Out::new(args.json);
+    out.say(
+        &format!(
+            "zeronce demo, process mode: {} MiB of {} memory managed by zeronce, working set {} \
+             MiB in 2 MiB blocks",
+            args.size_mib,
+            args.plan_backing_name(),
+            args.working_set_mib
+        ),
+        "mode",
+        json!("process"),
     );
+    settings(&mut out, args, plan);
 
     let written = write_working_set(&pm, order, blocks)?;
-    println!(
-        "1. wrote the working set          resident {:>6} MiB",
-        mib(pm.resident_bytes())
+    out.sample(pm.resident_bytes());
+    let resident = mib(pm.resident_bytes());
+    out.step(
+        format!("1. wrote the working set          resident {resident:>6} MiB"),
+        json!({ "step": "wrote", "resident_mib": resident }),
     );
     drop(written);
-    println!(
-        "2. freed it                       resident {:>6} MiB (still held)",
-        mib(pm.resident_bytes())
+    out.mark("freed");
+    out.sample(pm.resident_bytes());
+    let resident = mib(pm.resident_bytes());
+    out.step(
+        format!(
+            "2. freed it                       resident {resident:>6} MiB (free in the allocator, \
+             not yet given back: the reporter waits {:.1} s after a free)",
+            delay.as_secs_f64()
+        ),
+        json!({ "step": "freed", "resident_mib": resident }),
     );
 
-    let settled = wait_for_reporter(&pm, delay + Duration::from_secs(5));
-    println!(
-        "3. background reporter ran        resident {:>6} MiB after {:.1} s",
-        mib(pm.resident_bytes()),
-        settled.as_secs_f64()
+    let settled = wait_for_reporter(&pm, delay + Duration::from_secs(5), &mut out);
+    out.mark("reported");
+    let resident = mib(pm.resident_bytes());
+    out.step(
+        format!(
+            "3. background reporter ran        resident {resident:>6} MiB, {:.1} s after step 2",
+            settled.as_secs_f64()
+        ),
+        json!({ "step": "reported", "resident_mib": resident, "seconds_after_free": settled.as_secs_f64() }),
     );
+    out.explain(&format!(
+        "(the {:.1} s delay started at the first free, before step 2 printed, and the reporter \
+         is polled every 0.1 s: so about the delay, sometimes a little less)",
+        delay.as_secs_f64()
+    ));
 
-    realloc_zeroed(&pm, order, blocks, "host-zeroed")?;
+    let ours = realloc_zeroed(&pm, order, blocks, "host-zeroed", &mut out)?;
+    out.sample(pm.resident_bytes());
 
     // The baseline: the same working set on memory that never left (reporting off, sized
     // to the working set so every block is the dirty one just written).
-    let resident = ProcessMemory::builder()
+    let kept = ProcessMemory::builder()
         .size(plan.working_set)
         .backing(plan.backing)
         .build()?;
-    drop(write_working_set(&resident, order, blocks)?);
-    let (theirs, _blocks) = alloc_zeroed_timed(&resident, order, blocks)?;
-    println!(
-        "5. same on memory that never left (reporting off): the allocator zeroes it: \
-         alloc {:.2} ms, first touch {:.2} ms, resident {} MiB",
-        ms(theirs.alloc),
-        ms(theirs.touch),
-        mib(resident.resident_bytes())
+    drop(write_working_set(&kept, order, blocks)?);
+    let before = kept.stats().mm.bytes_zeroed;
+    let (theirs, _blocks) = alloc_zeroed_timed(&kept, order, blocks)?;
+    let zeroed = (kept.stats().mm.bytes_zeroed - before) >> 20;
+    out.step(
+        format!(
+            "5. same on memory that never left (reporting off): the allocator zeroed {zeroed} MiB: \
+             alloc {:.2} ms, first touch {:.2} ms, resident {} MiB",
+            ms(theirs.alloc),
+            ms(theirs.touch),
+            mib(kept.resident_bytes())
+        ),
+        json!({ "step": "baseline_never_left", "allocator_zeroed_mib": zeroed,
+                "alloc_ms": ms(theirs.alloc), "first_touch_ms": ms(theirs.touch) }),
     );
+    if ours.touch > theirs.touch {
+        out.explain(
+            "step 4's first touch costs more than step 5's: the host took that memory back, so \
+             touching it faults every page in again and the kernel zeroes it. Giving memory back \
+             costs that refault, not the zeroing zeronce skipped; pre-zeroed huge pages (bench \
+             prezero) and keeping reported memory for a while (--host hold) address it.",
+        );
+    }
 
     let s = pm.stats();
-    println!(
-        "stats: {} MiB zeroed by the allocator, {} MiB of zeroing skipped, {} zero-requests \
-         served without zeroing",
-        s.mm.bytes_zeroed >> 20,
-        s.mm.bytes_zeroing_skipped >> 20,
-        s.mm.zero_requests_skipped
-    );
-    if let Some(r) = s.reporting {
-        println!("reporting: {r:?}");
+    if !args.json {
+        println!("counters:");
+    }
+    out::allocator(&mut out, &s.mm);
+    if let Some(r) = &s.reporting {
+        out::reporting(&mut out, r);
     }
     if let Some(d) = s.device {
-        println!("device: {d:?}");
+        out.say(
+            &format!(
+                "   host (this process's kernel): {} MiB discarded, {} MiB answered \"now zero\", \
+                 {} MiB held, {} failed discards",
+                d.discarded_bytes >> 20,
+                d.zeroed_bytes >> 20,
+                d.held_bytes >> 20,
+                d.errors
+            ),
+            "host",
+            json!({ "discarded_bytes": d.discarded_bytes, "answered_zero_bytes": d.zeroed_bytes,
+                    "held_bytes": d.held_bytes, "failed_discards": d.errors }),
+        );
     }
-    Ok(())
+    out.finish(args.plot.as_deref(), "zeronce demo: resident memory")
+}
+
+/// The settings line: what the reporter and the host do.
+fn settings(out: &mut Out, args: &DemoArgs, plan: &Plan) {
+    let c = plan.setup.config;
+    let host = match args.mode {
+        DemoMode::Vm => "the device discards at once".to_string(),
+        DemoMode::Process => format!("{:?}", args.host).to_lowercase(),
+    };
+    out.say(
+        &format!(
+            "   reporting: free blocks of {} KiB and up, {} ms after a free, {} budget; host \
+             policy {host}; zero hints {}",
+            c.order.bytes() >> 10,
+            c.delay.as_millis(),
+            format!("{:?}", c.budget).to_lowercase(),
+            if plan.setup.zero_hints { "on" } else { "off" }
+        ),
+        "settings",
+        json!({
+            "size_mib": args.size_mib, "working_set_mib": args.working_set_mib,
+            "reporting_order": c.order.get(), "delay_ms": c.delay.as_millis() as u64,
+            "budget": format!("{:?}", c.budget).to_lowercase(), "host_policy": host,
+            "zero_hints": plan.setup.zero_hints,
+        }),
+    );
 }
 
 fn write_working_set(
@@ -140,20 +228,25 @@ fn realloc_zeroed(
     order: Order,
     blocks: usize,
     zeroed_by: &str,
-) -> Result<(), zeronce::Error> {
+    out: &mut Out,
+) -> Result<Timing, zeronce::Error> {
     let (ours, again) = alloc_zeroed_timed(pm, order, blocks)?;
     let skipped = again
         .iter()
         .filter(|b| b.allocation().zeroing == Zeroing::Skipped)
         .count();
-    println!(
-        "4. allocated {} MiB zeroed: {skipped}/{blocks} blocks known zero ({zeroed_by}), \
-         alloc {:.2} ms, first touch {:.2} ms",
-        (blocks * order.bytes() as usize) >> 20,
-        ms(ours.alloc),
-        ms(ours.touch)
+    let mib = (blocks * order.bytes() as usize) >> 20;
+    out.step(
+        format!(
+            "4. allocated {mib} MiB zeroed: {skipped}/{blocks} blocks known zero ({zeroed_by}, \
+             not zeroed again): alloc {:.2} ms, first touch {:.2} ms",
+            ms(ours.alloc),
+            ms(ours.touch)
+        ),
+        json!({ "step": "allocated_zeroed", "blocks": blocks, "blocks_known_zero": skipped,
+                "alloc_ms": ms(ours.alloc), "first_touch_ms": ms(ours.touch) }),
     );
-    Ok(())
+    Ok(ours)
 }
 
 /// Wall time of allocating a working set zeroed, and of then touching every page.
@@ -187,11 +280,12 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Polls every 100 ms until the reporter has reported what is free or `limit` passed;
-/// returns how long it took.
-fn wait_for_reporter(pm: &impl DemoMemory, limit: Duration) -> Duration {
+/// Polls every 100 ms until the reporter has reported what is free or `limit` passed
+/// (resident memory sampled for the plot); returns how long it took.
+fn wait_for_reporter(pm: &impl DemoMemory, limit: Duration, out: &mut Out) -> Duration {
     let start = Instant::now();
     while start.elapsed() < limit {
+        out.sample(pm.resident());
         let s = pm.mm_stats();
         let unreported_free: u64 = s.free_pages_total() - reported_pages(&s);
         if unreported_free < 512 {
@@ -199,6 +293,7 @@ fn wait_for_reporter(pm: &impl DemoMemory, limit: Duration) -> Duration {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    out.sample(pm.resident());
     start.elapsed()
 }
 

@@ -8,12 +8,15 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+use zeronce::zeronce_balloon::Feature;
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::{DeviceHost, Order, VmMemory, VmStats};
 
 use super::args::DemoTopology;
 use crate::vhost::ServedDevice;
 
+use super::out::{self, Out};
 use super::{
     alloc_zeroed_timed, mib, ms, realloc_zeroed, wait_for_reporter, write_working_set, DemoArgs,
     Plan, MIB,
@@ -37,7 +40,7 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         None => (
             DeviceHost::Thread,
             DeviceHost::Thread,
-            "in a thread".to_owned(),
+            "in a thread of this process".to_owned(),
         ),
         Some((d, p)) => (
             d.host(),
@@ -53,46 +56,73 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         .device(host)
         .build()?;
     let (ring_gpa, ring_len) = vm.ring_area();
-    println!(
-        "zeronce demo --mode vm: {} MiB of {backing:?} guest RAM, working set {} MiB in 2 MiB \
-         blocks; virtio-balloon device {where_}, features {:?}, reporting queue at index \
-         {}, rings at {ring_gpa:#x} ({} KiB), delay {:?}",
-        args.size_mib,
-        args.working_set_mib,
-        vm.negotiated(),
-        vm.reporting_queue_index(),
-        ring_len >> 10,
-        reporting.delay
+    let features: Vec<String> = Feature::ALL
+        .iter()
+        .filter(|f| vm.negotiated().contains(**f))
+        .map(|f| format!("{f:?}"))
+        .collect();
+    let mut out = Out::new(args.json);
+    out.say(
+        &format!(
+            "zeronce demo, VM mode: {} MiB of {} guest RAM, working set {} MiB in 2 MiB blocks; \
+             a virtio-balloon device {where_}",
+            args.size_mib,
+            args.plan_backing_name(),
+            args.working_set_mib,
+        ),
+        "mode",
+        json!("vm"),
     );
-    println!(
-        "0. start                          memfd allocated {:>6} MiB",
-        mib(vm.memfd_allocated_bytes())
+    out.say(
+        &format!(
+            "   negotiated features: {}; reporting queue {}; rings at guest address {ring_gpa:#x} \
+             ({} KiB)",
+            features.join(", "),
+            vm.reporting_queue_index(),
+            ring_len >> 10
+        ),
+        "device",
+        json!({ "features": features, "reporting_queue": vm.reporting_queue_index(),
+                "ring_gpa": ring_gpa, "ring_bytes": ring_len }),
     );
+    super::settings(&mut out, args, plan);
+    let step = |out: &mut Out, n: &str, what: &str, key: &str, vm: &VmMemory| {
+        let m = mib(vm.memfd_allocated_bytes());
+        out.sample(vm.memfd_allocated_bytes());
+        out.step(
+            format!("{n} {what:<31} memfd allocated {m:>6} MiB"),
+            json!({ "step": key, "memfd_allocated_mib": m }),
+        );
+    };
+    step(&mut out, "0.", "start", "start", &vm);
     let written = write_working_set(&vm, order, blocks)?;
-    println!(
-        "1. wrote the working set          memfd allocated {:>6} MiB",
-        mib(vm.memfd_allocated_bytes())
-    );
+    step(&mut out, "1.", "wrote the working set", "wrote", &vm);
     drop(written);
-    println!(
-        "2. freed it                       memfd allocated {:>6} MiB (still held)",
-        mib(vm.memfd_allocated_bytes())
+    out.mark("freed");
+    step(&mut out, "2.", "freed it (not reported yet)", "freed", &vm);
+    let settled = wait_for_reporter(&vm, reporting.delay + Duration::from_secs(5), &mut out);
+    out.mark("reported");
+    step(
+        &mut out,
+        "3.",
+        "reported over the virtqueue",
+        "reported",
+        &vm,
     );
-    let settled = wait_for_reporter(&vm, reporting.delay + Duration::from_secs(5));
-    println!(
-        "3. reported over the virtqueue    memfd allocated {:>6} MiB after {:.1} s",
-        mib(vm.memfd_allocated_bytes()),
-        settled.as_secs_f64()
+    out.explain(&format!(
+        "({:.1} s after step 2; the {:.1} s delay started at the first free)",
+        settled.as_secs_f64(),
+        reporting.delay.as_secs_f64()
+    ));
+    device(
+        &mut out,
+        "device",
+        &vm.stats(),
+        served.as_ref().map(|s| &s.0),
     );
-    print_device(&vm.stats(), served.as_ref().map(|s| &s.0));
 
-    realloc_zeroed(&vm, order, blocks, "device-zeroed")?;
-    let s = vm.stats();
-    println!(
-        "   allocator: {} MiB zeroed, {} MiB of zeroing skipped",
-        s.mm.bytes_zeroed >> 20,
-        s.mm.bytes_zeroing_skipped >> 20
-    );
+    realloc_zeroed(&vm, order, blocks, "device-zeroed", &mut out)?;
+    out::allocator(&mut out, &vm.stats().mm);
 
     // The baseline: a device without DEVICE_INIT_REPORTED. It discards just the same, but
     // promises nothing, so every reported block is zeroed again on allocation.
@@ -112,46 +142,74 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     plain.flush(u64::MAX);
     let before = plain.stats().mm.bytes_zeroed;
     let (theirs, _blocks) = alloc_zeroed_timed(&plain, order, blocks)?;
-    println!(
-        "5. same with a device without bit 6 (flushed): every block comes back not known \
-         zero, the allocator zeroes {} MiB: alloc {:.2} ms, first touch {:.2} ms",
-        (plain.stats().mm.bytes_zeroed - before) >> 20,
-        ms(theirs.alloc),
-        ms(theirs.touch)
+    let zeroed = (plain.stats().mm.bytes_zeroed - before) >> 20;
+    out.step(
+        format!(
+            "5. same with a device that makes no zero promise (bit 6 off), reported by a flush: \
+             the allocator zeroed {zeroed} MiB again: alloc {:.2} ms, first touch {:.2} ms",
+            ms(theirs.alloc),
+            ms(theirs.touch)
+        ),
+        json!({ "step": "baseline_no_zero_promise", "allocator_zeroed_mib": zeroed,
+                "alloc_ms": ms(theirs.alloc), "first_touch_ms": ms(theirs.touch) }),
     );
-    print_device(&plain.stats(), served.as_ref().map(|s| &s.1));
-    Ok(())
+    device(
+        &mut out,
+        "baseline_device",
+        &plain.stats(),
+        served.as_ref().map(|s| &s.1),
+    );
+    out.finish(
+        args.plot.as_deref(),
+        "zeronce demo --mode vm: memfd allocated",
+    )
 }
 
 /// The device's counters (from the daemon's control socket when it is one) and the
-/// driver's.
-fn print_device(s: &VmStats, served: Option<&ServedDevice>) {
-    let device = match served {
-        None => format!(
-            "{} pages reported, {} MiB discarded, {} zero promises, {} discard errors, {} \
-             malformed",
-            s.device.pages_reported,
-            s.device.bytes_discarded >> 20,
-            s.device.zero_promises,
-            s.device.discard_errors,
-            s.device.malformed
-        ),
-        Some(d) => {
-            let m = d.metrics();
-            format!(
-                "{} pages reported, {} MiB discarded, {} zero promises, {} discard errors, {} \
-                 malformed (its control socket)",
-                m["pages_reported"],
-                m["bytes_discarded"].as_u64().unwrap_or(0) >> 20,
-                m["zero_promises"],
-                m["discard_errors"],
-                m["malformed"]
-            )
+/// driver's, labelled.
+fn device(out: &mut Out, key: &str, s: &VmStats, served: Option<&ServedDevice>) {
+    let d = match served {
+        None => json!({
+            "pages_reported": s.device.pages_reported, "bytes_discarded": s.device.bytes_discarded,
+            "zero_promises": s.device.zero_promises, "failed_discards": s.device.discard_errors,
+            "malformed_requests": s.device.malformed,
+        }),
+        Some(served) => {
+            let m = served.metrics();
+            json!({
+                "pages_reported": m["pages_reported"], "bytes_discarded": m["bytes_discarded"],
+                "zero_promises": m["zero_promises"], "failed_discards": m["discard_errors"],
+                "malformed_requests": m["malformed"],
+            })
         }
     };
-    println!(
-        "   device: {device}; driver: {} report calls, used_len verdicts {} zeroed / {} \
-         not zeroed, {} failures",
-        s.driver.reports, s.driver.zeroed, s.driver.not_zeroed, s.driver.failures
+    let n = |k: &str| d[k].as_u64().unwrap_or(0);
+    out.say(
+        &format!(
+            "   device{}: {} pages reported, {} MiB discarded, {} zero promises, {} failed \
+             discards, {} malformed requests; driver: {} report calls, answered {} zeroed / {} \
+             not zeroed, {} failures",
+            if served.is_some() {
+                " (its control socket)"
+            } else {
+                ""
+            },
+            n("pages_reported"),
+            n("bytes_discarded") >> 20,
+            n("zero_promises"),
+            n("failed_discards"),
+            n("malformed_requests"),
+            s.driver.reports,
+            s.driver.zeroed,
+            s.driver.not_zeroed,
+            s.driver.failures
+        ),
+        key,
+        json!({
+            "device": d, "driver_report_calls": s.driver.reports,
+            "driver_answered_zeroed": s.driver.zeroed,
+            "driver_answered_not_zeroed": s.driver.not_zeroed,
+            "driver_failures": s.driver.failures,
+        }),
     );
 }

@@ -2,8 +2,8 @@
 //!
 //! How the system fits together: the repository's `docs/ARCHITECTURE.md`.
 //!
-//! `zeronce bench <name>` runs one benchmark; every benchmark takes `--quick` (finishes in
-//! under 20 s, and says when it shrank sizes) and `--json` (one JSON object on stdout).
+//! `zeronce bench <name>` runs one benchmark; every benchmark takes `--quick` (smaller
+//! default sizes; explicit flags still win) and `--json` (one JSON object on stdout).
 #![forbid(unsafe_code)]
 
 mod bench;

@@ -55,7 +55,7 @@ fn pieces(first: usize, end: usize) -> impl Iterator<Item = Piece> {
         }
         let group = at / GROUP;
         let group_end = (group + 1) * GROUP;
-        if at % GROUP != 0 || end < group_end {
+        if !at.is_multiple_of(GROUP) || end < group_end {
             let hi = end.min(group_end);
             let piece = Piece::Pages {
                 word: group,

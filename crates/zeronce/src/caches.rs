@@ -17,6 +17,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use zeronce_mm::sync::lock;
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
     PcpCache, PCP_MAX_ORDER,
@@ -61,9 +62,7 @@ impl ThreadCaches {
     }
 
     fn mine(&self) -> MutexGuard<'_, PcpCache<Arc<MemoryManager>>> {
-        let slot = &self.slots[thread_number() % self.slots.len()];
-        // A cache is plain data: a panic while it was locked left it consistent.
-        slot.0.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.slots[thread_number() % self.slots.len()].0)
     }
 
     /// Allocates from the calling thread's cache (small non-zero requests) or the
@@ -107,7 +106,7 @@ impl ThreadCaches {
     /// Gives every cached block back to the manager.
     pub(crate) fn drain(&self) {
         for slot in self.slots.iter() {
-            slot.0.lock().unwrap_or_else(|e| e.into_inner()).drain();
+            lock(&slot.0).drain();
         }
     }
 }

@@ -208,6 +208,58 @@ impl GuestRam {
         })
     }
 
+    /// Maps all of an existing file shared (`MAP_SHARED`, from offset 0), e.g. a file on
+    /// a hugetlbfs mount (`kind` = [`BackingKind::Hugetlb`]) or a memfd. The mapping takes
+    /// ownership of `file`; pages already allocated by the file are not touched.
+    ///
+    /// The file may be mapped elsewhere too (that is what it is for). The guarantees of
+    /// the module docs then hold only as long as no other mapping writes it while this
+    /// one is alive: a caller shares such files by protocol (a pool hands a file to one
+    /// client at a time and maps it only while no client holds it).
+    pub fn map_file(file: OwnedFd, kind: BackingKind) -> Result<GuestRam, RamError> {
+        let page_size = kind.backing().page_size();
+        if matches!(kind, BackingKind::Anonymous { .. }) {
+            return Err(RamError::Os {
+                call: "mmap (anonymous kind for a file)",
+                errno: Errno::INVAL,
+            });
+        }
+        let size = rustix::fs::fstat(&file).map_err(os("fstat"))?.st_size;
+        let size = usize::try_from(size).unwrap_or(0);
+        if size == 0 || !size.is_multiple_of(page_size) {
+            return Err(RamError::BadSize { size, page_size });
+        }
+        let rw = ProtFlags::READ | ProtFlags::WRITE;
+        // SAFETY: a new shared mapping at a kernel-chosen address aliases no Rust object;
+        // other mappings of the file are the caller's protocol (see the docs above).
+        let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, &file, 0) }
+            .map_err(os("mmap"))?;
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(RamError::Os {
+            call: "mmap",
+            errno: Errno::NOMEM,
+        })?;
+        Ok(GuestRam {
+            ptr,
+            len: size,
+            kind,
+            fd: Some(file),
+        })
+    }
+
+    /// Faults `[offset, offset + len)` in for writing without writing a byte
+    /// (`MADV_POPULATE_WRITE`, Linux 5.14): what a VMM's memory preallocation does. For a
+    /// file the kernel allocates (and zeroes) the missing pages.
+    pub fn populate_write(&mut self, offset: usize, len: usize) -> Result<(), RamError> {
+        let r = self.check(offset, len).map_err(|_| RamError::BadSize {
+            size: len,
+            page_size: self.backing().page_size(),
+        })?;
+        // SAFETY: the range is inside our live mapping; populating changes no contents
+        // (missing pages appear zero-filled, which is what they read already).
+        unsafe { madvise(self.ptr.as_ptr().add(r.start).cast(), len, Advice::LinuxPopulateWrite) }
+            .map_err(os("madvise(MADV_POPULATE_WRITE)"))
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len

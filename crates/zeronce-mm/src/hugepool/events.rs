@@ -68,8 +68,10 @@ struct NodeLimit {
     pending: bool,
 }
 
-/// The hook, its clock and per-node rate-limit state.
-pub(crate) struct Notifier {
+/// The hook, its clock and per-node rate-limit state: the rule of the module docs, for
+/// any owner of a zeroable count (the [`HugePool`](crate::hugepool::HugePool), or a pool
+/// of hugetlbfs files in a daemon).
+pub struct Notifier {
     hook: EventHook,
     clock: Arc<dyn Clock>,
     min_interval: Duration,
@@ -78,7 +80,8 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    pub(crate) fn new(hook: EventHook, clock: Arc<dyn Clock>, min_interval: Duration) -> Self {
+    /// Calls `hook` at most once per `min_interval` of `clock` per node.
+    pub fn new(hook: EventHook, clock: Arc<dyn Clock>, min_interval: Duration) -> Self {
         Notifier {
             hook,
             clock,
@@ -116,7 +119,7 @@ impl Notifier {
     }
 
     /// The zeroable count of `node` grew to `zeroable`: fire now or hold back.
-    pub(crate) fn grew(&mut self, node: ZoneId, zeroable: u64) {
+    pub fn grew(&mut self, node: ZoneId, zeroable: u64) {
         let now = self.clock.now();
         let limit = *self.limit(node);
         if self.due(&limit, now) {
@@ -128,7 +131,7 @@ impl Notifier {
 
     /// Fires every pending event that is due (`zeroable_of` gives the current counts;
     /// nodes back at zero are dropped silently). Returns the next deadline.
-    pub(crate) fn poll(&mut self, zeroable_of: impl Fn(ZoneId) -> u64) -> Option<Duration> {
+    pub fn poll(&mut self, zeroable_of: impl Fn(ZoneId) -> u64) -> Option<Duration> {
         let now = self.clock.now();
         for i in 0..self.nodes.len() {
             let limit = self.nodes[i];
@@ -145,7 +148,7 @@ impl Notifier {
     }
 
     /// When the earliest pending event becomes due (`None`: nothing pending).
-    pub(crate) fn next_deadline(&self) -> Option<Duration> {
+    pub fn next_deadline(&self) -> Option<Duration> {
         self.nodes
             .iter()
             .filter(|l| l.pending)
@@ -154,12 +157,12 @@ impl Notifier {
     }
 
     /// Events fired so far.
-    pub(crate) fn fired(&self) -> u64 {
+    pub fn fired(&self) -> u64 {
         self.fired
     }
 
     /// The injected clock's time.
-    pub(crate) fn now(&self) -> Duration {
+    pub fn now(&self) -> Duration {
         self.clock.now()
     }
 }

@@ -35,7 +35,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use events::{Clock, EventHook, ManualClock, ZeroableEvent};
+pub use events::{Clock, EventHook, ManualClock, Notifier, ZeroableEvent};
 pub use types::{
     HugePage, HugePoolError, PageState, PoolAllocation, PoolCounters, PoolCounts, PoolZeroing,
     ZeroingTicket,
@@ -43,7 +43,6 @@ pub use types::{
 
 use crate::manager::FreeHint;
 use crate::types::{Order, PageRange, Pfn, ZoneId};
-use events::Notifier;
 
 /// One page's record.
 #[derive(Clone, Copy, Debug)]

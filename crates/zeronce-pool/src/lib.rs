@@ -1,0 +1,136 @@
+//! zeronce-pool: pre-zeroed huge pages for VMMs, as files on a hugetlbfs mount.
+//!
+//! A VMM whose guest RAM is a hugetlbfs file (QEMU `-object memory-backend-file,
+//! mem-path=FILE,share=on`; cloud-hypervisor `--memory-zone file=FILE,shared=on`) waits
+//! at start while the kernel zeroes every huge page it faults in. A [`Pool`] keeps N
+//! files of size S whose pages are all allocated and zero, so the VMM maps one and runs:
+//!
+//! * [`Pool::take`] hands out a ready file (or, when none is, zeroes a dirty one on the
+//!   request, counted); [`Pool::give_back`] takes it back **dirty**;
+//! * zeroing workers ([`WorkerConfig`]: threads, CPU list, nice, bandwidth cap) re-zero
+//!   returned files in the background, page by page, stopping between pages at shutdown,
+//!   never touching a file a client holds;
+//! * pages a client punched out of its file (balloon, free page reporting) come back as
+//!   holes: they read zero, so the daemon does not zero them — the kernel repopulates
+//!   them ([`PoolCounters::pages_repopulated`], apart from the daemon's own zeroing);
+//! * the state file ([`persist`]) records a file as zero only once it is zeroed and
+//!   free: after a crash, every file not recorded zero is checked and zeroed again, and a
+//!   file recorded held stays its client's until returned;
+//! * "zeroable pages appeared" events, rate-limited ([`Pool::subscribe`]).
+//!
+//! [`server::serve`] puts a pool behind a Unix socket speaking the JSON-lines protocol of
+//! [`proto`] (`docs/POOL_PROTOCOL.md`); [`client::Client`] speaks it. The `zeronce pool`
+//! command is a thin layer over both.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+mod daemon;
+pub mod files;
+pub mod pacer;
+pub mod persist;
+pub mod proto;
+pub mod server;
+pub mod state;
+mod worker;
+
+pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Served, Taken};
+pub use state::{PageCounts, PoolCounters};
+pub use worker::WorkerConfig;
+
+use serde_json::{json, Value};
+
+/// A snapshot of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// Bytes per huge page.
+    pub page_bytes: u64,
+    /// Bytes per file.
+    pub file_bytes: u64,
+    /// Number of files.
+    pub files: usize,
+    /// Pages by state.
+    pub pages: PageCounts,
+    /// Counters.
+    pub counters: PoolCounters,
+    /// "Zeroable pages appeared" events delivered.
+    pub events: u64,
+}
+
+impl Stats {
+    /// Background zeroing rate in GB/s (10^9 bytes per second of zeroing time).
+    pub fn zeroing_gb_per_s(&self) -> f64 {
+        let c = &self.counters;
+        let bytes = (c.pages_zeroed_background + c.pages_zeroed_inline) * self.page_bytes;
+        if c.zeroing_nanos == 0 {
+            return 0.0;
+        }
+        bytes as f64 / c.zeroing_nanos as f64
+    }
+
+    /// As the `stats` reply of the protocol (without `ok`).
+    pub fn to_json(&self) -> Value {
+        let p = &self.pages;
+        let c = &self.counters;
+        json!({
+            "page_bytes": self.page_bytes,
+            "file_bytes": self.file_bytes,
+            "files": self.files,
+            "pages": {
+                "total": p.total(), "free_zero": p.free_zero, "zeroable": p.zeroable,
+                "in_use": p.in_use, "zeroing": p.zeroing,
+            },
+            "counters": {
+                "takes": c.takes, "takes_prezeroed": c.takes_prezeroed,
+                "takes_zeroed_inline": c.takes_zeroed_inline, "take_failures": c.take_failures,
+                "returns": c.returns,
+                "pages_zeroed_background": c.pages_zeroed_background,
+                "pages_zeroed_inline": c.pages_zeroed_inline,
+                "pages_repopulated": c.pages_repopulated,
+                "jobs_interrupted": c.jobs_interrupted,
+                "events": self.events,
+            },
+            "zeroing_gb_per_s": self.zeroing_gb_per_s(),
+        })
+    }
+}
+
+/// Parses a size: bytes, or a number with `K`, `M`, `G`, `T` (binary units, optional
+/// `iB`/`B`), e.g. `2M`, `1G`, `512MiB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix(['B', 'b']))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 2M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("2M"), Ok(2 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("3gb"), Ok(3 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("x1G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! The state file: which pool file is zero, held or dirty, written atomically (a
+//! temporary file, `fsync`, `rename`, `fsync` of the directory) so that a crash leaves
+//! either the old or the new record, never a torn one.
+//!
+//! Format (JSON, one object): `{"version":1,"page_bytes":P,"file_bytes":S,
+//! "files":{"NAME":"zero"|"held"|"dirty"}}`. A record for another page or file size, an
+//! unreadable or unparsable file are ignored with a warning: every file is then dirty
+//! (not provably zero), which costs zeroing, never correctness.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use crate::state::Persisted;
+
+const VERSION: u64 = 1;
+
+/// Why the state file could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("writing the state file {path}: {source}")]
+pub struct PersistError {
+    /// The file.
+    pub path: PathBuf,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// The records of a state file, by file name (empty when there is none or it is not
+/// usable for this pool).
+pub fn load(path: &Path, page_bytes: u64, file_bytes: u64) -> HashMap<String, Persisted> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashMap::new(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), %e, "state file unreadable: every file is dirty");
+            return HashMap::new();
+        }
+    };
+    match parse(&text, page_bytes, file_bytes) {
+        Some(records) => records,
+        None => {
+            tracing::warn!(path = %path.display(), "state file unusable for this pool: every file is dirty");
+            HashMap::new()
+        }
+    }
+}
+
+/// Parses a state file's text; `None` if malformed or for other sizes.
+pub fn parse(text: &str, page_bytes: u64, file_bytes: u64) -> Option<HashMap<String, Persisted>> {
+    let v: Value = serde_json::from_str(text).ok()?;
+    let same = v["version"].as_u64() == Some(VERSION)
+        && v["page_bytes"].as_u64() == Some(page_bytes)
+        && v["file_bytes"].as_u64() == Some(file_bytes);
+    if !same {
+        return None;
+    }
+    v["files"]
+        .as_object()?
+        .iter()
+        .map(|(name, p)| Some((name.clone(), Persisted::from_name(p.as_str()?)?)))
+        .collect()
+}
+
+/// The text of a state file.
+pub fn render<'a>(
+    page_bytes: u64,
+    file_bytes: u64,
+    files: impl IntoIterator<Item = (&'a str, Persisted)>,
+) -> String {
+    let files: Map<String, Value> = files
+        .into_iter()
+        .map(|(n, p)| (n.to_owned(), Value::from(p.name())))
+        .collect();
+    let v = json!({"version": VERSION, "page_bytes": page_bytes, "file_bytes": file_bytes, "files": files});
+    format!("{v}\n")
+}
+
+/// Replaces `path` with `text` atomically and durably.
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), PersistError> {
+    let err = |source| PersistError {
+        path: path.to_owned(),
+        source,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(text.as_bytes()).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(err)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::File::open(dir.unwrap_or(Path::new("."))).map_err(err)?;
+    dir.sync_all().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_then_parse_round_trips_and_other_sizes_are_refused() {
+        let text = render(
+            2 << 20,
+            8 << 20,
+            [("a", Persisted::Zero), ("b", Persisted::Held), ("c", Persisted::Dirty)],
+        );
+        let back = parse(&text, 2 << 20, 8 << 20).unwrap();
+        assert_eq!(back["a"], Persisted::Zero);
+        assert_eq!(back["b"], Persisted::Held);
+        assert_eq!(back["c"], Persisted::Dirty);
+        assert!(parse(&text, 1 << 30, 8 << 20).is_none());
+        assert!(parse(&text, 2 << 20, 4 << 20).is_none());
+        assert!(parse("{\"version\":1", 2 << 20, 8 << 20).is_none());
+        let bad = text.replace("\"zero\"", "\"maybe\"");
+        assert!(parse(&bad, 2 << 20, 8 << 20).is_none());
+    }
+
+    #[test]
+    fn write_atomic_replaces_and_load_reads_back() {
+        let dir = std::env::temp_dir().join(format!("zeronce-persist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        assert!(load(&path, 1, 2).is_empty());
+        write_atomic(&path, &render(1, 2, [("x", Persisted::Held)])).unwrap();
+        write_atomic(&path, &render(1, 2, [("x", Persisted::Zero)])).unwrap();
+        assert_eq!(load(&path, 1, 2)["x"], Persisted::Zero);
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(load(&path, 1, 2).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

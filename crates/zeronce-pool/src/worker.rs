@@ -1,0 +1,139 @@
+//! The zeroing workers and the zeroing of one job's pages (shared with `take` and
+//! `prezero`, which run jobs on the requesting thread).
+
+use std::time::{Duration, Instant};
+
+use rustix::thread::{sched_setaffinity, CpuSet};
+
+use crate::daemon::Shared;
+use crate::state::{Job, PageIndex};
+
+/// How the operator limits the zeroing workers' CPU use.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerConfig {
+    /// Number of worker threads (0: zeroing only on `prezero` requests and takes).
+    pub threads: usize,
+    /// CPUs the workers may run on (empty: any).
+    pub cpus: Vec<usize>,
+    /// Nice value of the workers (`None`: the daemon's).
+    pub nice: Option<i32>,
+    /// Cap on the bytes zeroed per second by workers and `prezero` together (`None`: no
+    /// cap). Zeroing for a waiting taker is never capped.
+    pub max_bytes_per_sec: Option<u64>,
+}
+
+/// What running a job did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct JobOutcome {
+    pub(crate) zeroing_nanos: u64,
+}
+
+/// Applies the CPU list and nice value to the calling thread; failures are logged (the
+/// worker still runs, unrestricted).
+fn confine(config: &WorkerConfig) {
+    if !config.cpus.is_empty() {
+        let mut set = CpuSet::new();
+        for &cpu in &config.cpus {
+            set.set(cpu);
+        }
+        if let Err(errno) = sched_setaffinity(None, &set) {
+            tracing::warn!(%errno, cpus = ?config.cpus, "worker CPU list not applied");
+        }
+    }
+    if let Some(nice) = config.nice {
+        let tid = rustix::thread::gettid();
+        if let Err(errno) = rustix::process::setpriority_process(Some(tid), nice) {
+            tracing::warn!(%errno, nice, "worker nice value not applied");
+        }
+    }
+}
+
+/// A worker: takes the oldest job, runs it, until shutdown.
+pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
+    confine(config);
+    tracing::debug!(index, "zeroing worker started");
+    loop {
+        let job = {
+            let mut inner = shared.lock();
+            loop {
+                if shared.stopping() {
+                    return;
+                }
+                if let Some(job) = inner.pool.next_job(u64::MAX) {
+                    break job;
+                }
+                inner = shared
+                    .changed
+                    .wait(inner)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let file = job.file;
+        let state = shared.run_job(job, true);
+        if matches!(state, crate::state::FileState::Dirty { .. }) && !shared.stopping() {
+            // Interrupted by a failure (logged): do not spin on the same file.
+            tracing::debug!(?file, "job left work; backing off");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// Checks the job's file for holes (repopulating them) and zeroes its dirty pages,
+/// stopping between pages at shutdown. Reports every step to the pool state.
+pub(crate) fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
+    let mut outcome = JobOutcome::default();
+    let mut holes: Vec<PageIndex> = Vec::new();
+    if job.check_holes {
+        match shared.files.repopulate(job.file) {
+            Ok(found) => holes = found,
+            Err(e) => {
+                tracing::warn!(%e, "repopulating holes failed; the file stays zeroable");
+                return outcome;
+            }
+        }
+        if let Err(e) = shared.lock().pool.holes_repopulated(job, &holes) {
+            tracing::error!(%e, "recording repopulated holes failed");
+            return outcome;
+        }
+    }
+    let pages: Vec<PageIndex> = job
+        .pages
+        .iter()
+        .copied()
+        .filter(|p| !holes.contains(p))
+        .collect();
+    if pages.is_empty() {
+        return outcome;
+    }
+    let mut map = match shared.files.map(job.file) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(%e, "mapping a file to zero failed; it stays zeroable");
+            return outcome;
+        }
+    };
+    let page_bytes = shared.files.page_bytes();
+    for page in pages {
+        if shared.stopping() {
+            break;
+        }
+        if paced {
+            let wait = shared.pace(page_bytes as u64);
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+        }
+        let start = Instant::now();
+        let offset = page.0 as usize * page_bytes;
+        if let Err(e) = map.zero_with(offset, page_bytes, shared.kernel, None) {
+            tracing::error!(%e, "page outside its file");
+            break;
+        }
+        outcome.zeroing_nanos += start.elapsed().as_nanos() as u64;
+        if let Err(e) = shared.lock().pool.page_zeroed(job, page) {
+            tracing::error!(%e, "recording a zeroed page failed");
+            break;
+        }
+    }
+    outcome
+}

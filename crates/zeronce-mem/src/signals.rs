@@ -49,7 +49,9 @@ impl ShutdownSignals {
         // SAFETY: -1 asks for a new fd; `set` is initialised; flags are valid.
         let raw = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
         if raw < 0 {
-            return Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::INVAL));
+            return Err(
+                Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::INVAL)
+            );
         }
         // SAFETY: `raw` is a new fd owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };

@@ -184,7 +184,9 @@ impl Shared {
     pub(crate) fn pace(&self, bytes: u64) -> Duration {
         self.pacer.as_ref().map_or(Duration::ZERO, |p| {
             let now = self.pacer_epoch.elapsed();
-            p.lock().unwrap_or_else(|e| e.into_inner()).reserve(bytes, now)
+            p.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .reserve(bytes, now)
         })
     }
 
@@ -247,14 +249,18 @@ impl Pool {
     /// workers. Files not recorded zero are checked for holes and zeroed by the workers.
     pub fn start(config: PoolConfig) -> Result<Pool, PoolError> {
         let page = config.page_size.bytes() as u64;
-        if config.files == 0 || config.file_bytes == 0 || !config.file_bytes.is_multiple_of(page)
-        {
+        if config.files == 0 || config.file_bytes == 0 || !config.file_bytes.is_multiple_of(page) {
             return Err(PoolError::Config(format!(
                 "{} files of {} bytes: need at least one file, a positive multiple of {page} bytes",
                 config.files, config.file_bytes
             )));
         }
-        let files = PoolFiles::open(&config.dir, config.page_size, config.files, config.file_bytes)?;
+        let files = PoolFiles::open(
+            &config.dir,
+            config.page_size,
+            config.files,
+            config.file_bytes,
+        )?;
         let records = persist::load(&config.state_file, page, config.file_bytes);
         let names: Vec<(String, _)> = files
             .names()
@@ -369,7 +375,10 @@ impl Pool {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
-            .filter(|_| path.parent().is_none_or(|p| p.as_os_str().is_empty() || p == s.files.dir()))
+            .filter(|_| {
+                path.parent()
+                    .is_none_or(|p| p.as_os_str().is_empty() || p == s.files.dir())
+            })
             .ok_or_else(|| StateError::Unknown(path.display().to_string()))?;
         let file = {
             let mut inner = s.lock();

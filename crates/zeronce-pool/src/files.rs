@@ -90,6 +90,29 @@ pub enum FilesError {
     },
 }
 
+/// The environment variable naming a hugetlbfs mount of 2 MiB pages for tests and
+/// benchmarks (`.ci/run` mounts one in a temporary directory and sets it).
+pub const MOUNT_ENV_2M: &str = "ZERONCE_HUGETLBFS_2M";
+
+/// The hugetlbfs mount named by [`MOUNT_ENV_2M`], checked; the error says what to set up.
+pub fn mount_from_env() -> Result<PathBuf, String> {
+    let how = "reserve 2 MiB pages and mount hugetlbfs, as root: `echo 64 > \
+               /proc/sys/vm/nr_hugepages; mkdir -p /mnt/huge2m; mount -t hugetlbfs -o \
+               pagesize=2M none /mnt/huge2m`, then set";
+    let dir = std::env::var_os(MOUNT_ENV_2M)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{MOUNT_ENV_2M} is not set: {how} {MOUNT_ENV_2M}=/mnt/huge2m (`.ci/run` does all of this)"))?;
+    let fs = rustix::fs::statfs(&dir)
+        .map_err(|e| format!("{}: {e}: {how} {MOUNT_ENV_2M}", dir.display()))?;
+    if fs.f_type as i64 != HUGETLBFS_MAGIC || fs.f_bsize as usize != HugePageSize::Size2M.bytes() {
+        return Err(format!(
+            "{} is not a hugetlbfs mount of 2 MiB pages: {how} {MOUNT_ENV_2M}",
+            dir.display()
+        ));
+    }
+    Ok(dir)
+}
+
 /// `2M` / `1G`.
 pub fn page_label(size: HugePageSize) -> &'static str {
     match size {
@@ -176,14 +199,13 @@ impl PoolFiles {
             missing += file_bytes.saturating_sub(allocated) / page_size.bytes() as u64;
             files.push((name, file));
         }
-        let pool = HugetlbPoolCounters::read(page_size.bytes()).map_err(|_| {
-            FilesError::NoHugePages {
+        let pool =
+            HugetlbPoolCounters::read(page_size.bytes()).map_err(|_| FilesError::NoHugePages {
                 page,
                 kb: page_size.bytes() as u64 / 1024,
                 needed: missing,
                 available: 0,
-            }
-        })?;
+            })?;
         if pool.available() < missing {
             return Err(FilesError::NoHugePages {
                 page,

@@ -105,7 +105,11 @@ mod tests {
         let text = render(
             2 << 20,
             8 << 20,
-            [("a", Persisted::Zero), ("b", Persisted::Held), ("c", Persisted::Dirty)],
+            [
+                ("a", Persisted::Zero),
+                ("b", Persisted::Held),
+                ("c", Persisted::Dirty),
+            ],
         );
         let back = parse(&text, 2 << 20, 8 << 20).unwrap();
         assert_eq!(back["a"], Persisted::Zero);

@@ -256,8 +256,14 @@ impl GuestRam {
         })?;
         // SAFETY: the range is inside our live mapping; populating changes no contents
         // (missing pages appear zero-filled, which is what they read already).
-        unsafe { madvise(self.ptr.as_ptr().add(r.start).cast(), len, Advice::LinuxPopulateWrite) }
-            .map_err(os("madvise(MADV_POPULATE_WRITE)"))
+        unsafe {
+            madvise(
+                self.ptr.as_ptr().add(r.start).cast(),
+                len,
+                Advice::LinuxPopulateWrite,
+            )
+        }
+        .map_err(os("madvise(MADV_POPULATE_WRITE)"))
     }
 
     /// Size in bytes.

@@ -18,7 +18,11 @@ fn zero_all(pool: &mut PoolState) {
 }
 
 fn persisted_of(pool: &PoolState, name: &str) -> Persisted {
-    pool.persisted().into_iter().find(|(n, _)| *n == name).unwrap().1
+    pool.persisted()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
 }
 
 #[test]
@@ -78,7 +82,10 @@ fn take_prefers_ready_then_zeroes_inline() {
     pool.page_zeroed(&job, PageIndex(1)).unwrap();
     assert_eq!(pool.finish_job(job).unwrap(), &FileState::Held);
     let c = pool.counters();
-    assert_eq!((c.takes, c.takes_prezeroed, c.takes_zeroed_inline), (2, 1, 1));
+    assert_eq!(
+        (c.takes, c.takes_prezeroed, c.takes_zeroed_inline),
+        (2, 1, 1)
+    );
     assert_eq!((c.pages_zeroed_inline, c.pages_repopulated), (1, 1));
     assert_eq!(persisted_of(&pool, "f1"), Persisted::Held);
 }
@@ -113,7 +120,10 @@ fn an_interrupted_job_leaves_its_remaining_pages_first_in_line() {
     let file = job.file;
     pool.holes_repopulated(&job, &[]).unwrap();
     pool.page_zeroed(&job, job.pages[0]).unwrap();
-    assert!(matches!(pool.finish_job(job).unwrap(), FileState::Dirty { .. }));
+    assert!(matches!(
+        pool.finish_job(job).unwrap(),
+        FileState::Dirty { .. }
+    ));
     assert_eq!(pool.counters().jobs_interrupted, 1);
     let next = pool.next_job(u64::MAX).unwrap();
     assert_eq!(next.file, file);
@@ -130,7 +140,10 @@ fn bad_requests_are_typed_errors_and_change_nothing() {
         pool.take(3 * PAGE),
         Err(StateError::TooLarge { .. })
     ));
-    assert_eq!(pool.give_back("nope"), Err(StateError::Unknown("nope".into())));
+    assert_eq!(
+        pool.give_back("nope"),
+        Err(StateError::Unknown("nope".into()))
+    );
     assert_eq!(pool.give_back("f0"), Err(StateError::NotHeld("f0".into())));
     let job = pool.next_job(u64::MAX).unwrap();
     assert!(matches!(

@@ -10,6 +10,7 @@ mod bench;
 mod demo;
 mod plot;
 mod vhost;
+mod pool;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
@@ -44,25 +45,39 @@ enum Command {
     /// Control a running `serve` through its control socket: set the target, read the
     /// status and the guest's statistics.
     Balloon(zeronce_vhost::cli::BalloonArgs),
+    /// Pre-zeroed huge pages for VMMs: a daemon keeping hugetlbfs files ready, and its
+    /// client verbs (docs/POOL_PROTOCOL.md).
+    Pool {
+        #[command(subcommand)]
+        cmd: pool::PoolCmd,
+    },
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    // A daemon logs its progress; the other commands only what went wrong.
+    let default_level = match cli.command {
+        Command::Pool {
+            cmd: pool::PoolCmd::Serve(_),
+        } => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
         Command::Bench { which } => bench::run(which),
         Command::Serve(args) => zeronce_vhost::cli::serve(&args).map_err(Into::into),
         Command::Balloon(args) => zeronce_vhost::cli::balloon(&args).map_err(Into::into),
+        Command::Pool { cmd } => pool::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

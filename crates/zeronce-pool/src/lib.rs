@@ -118,9 +118,37 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// Parses a CPU list: `0-3,6,8-9`.
+pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+    let bad = || format!("{text:?} is not a CPU list (e.g. 0-3,6)");
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: usize = lo.trim().parse().map_err(|_| bad())?;
+        let hi: usize = hi.trim().parse().map_err(|_| bad())?;
+        if lo > hi || hi >= 1 << 16 {
+            return Err(bad());
+        }
+        cpus.extend(lo..=hi);
+    }
+    if cpus.is_empty() {
+        return Err(bad());
+    }
+    Ok(cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-2,5"), Ok(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpu_list("3"), Ok(vec![3]));
+        for bad in ["", "a", "3-1", "1-", "99999"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_parse_in_binary_units() {

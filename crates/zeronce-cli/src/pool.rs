@@ -1,0 +1,220 @@
+//! `zeronce pool ...`: the pre-zeroed hugetlbfs file pool daemon and its client verbs
+//! (thin layer over `zeronce-pool`; the protocol is in `docs/POOL_PROTOCOL.md`).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use zeronce_mem::{HugePageSize, ShutdownSignals};
+use zeronce_pool::client::Client;
+use zeronce_pool::server::Server;
+use zeronce_pool::{parse_cpu_list, parse_size, Pool, PoolConfig, WorkerConfig};
+
+/// Default control socket.
+const SOCKET: &str = "/run/zeronce/pool.sock";
+
+/// The pool verbs.
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Run the daemon: N pre-zeroed files of size S on a hugetlbfs mount.
+    Serve(ServeArgs),
+    /// Take a pre-zeroed file; prints its path (or, with --fd, runs a command holding
+    /// its descriptor).
+    Take(TakeArgs),
+    /// Give a file back (the daemon re-zeroes it).
+    Return {
+        /// The path `take` printed.
+        path: PathBuf,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Page counts, counters and zeroing rate (JSON).
+    Stats {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Zero up to N zeroable pages now.
+    Prezero {
+        /// Pages.
+        pages: u64,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Print "zeroable pages appeared" events (rate-limited) as JSON lines.
+    Watch {
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+}
+
+/// The control socket option of every verb.
+#[derive(Args, Clone, Debug)]
+pub struct SocketArg {
+    /// The daemon's control socket.
+    #[arg(long, default_value = SOCKET, env = "ZERONCE_POOL_SOCKET")]
+    pub socket: PathBuf,
+}
+
+/// `zeronce pool serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A hugetlbfs mount of --page-size pages (the daemon mounts nothing).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Huge page size: 2M or 1G.
+    #[arg(long, default_value = "2M", value_parser = parse_page_size)]
+    pub page_size: HugePageSize,
+    /// Number of files.
+    #[arg(long)]
+    pub files: usize,
+    /// Size of each file (e.g. 512M, 4G): a multiple of the page size.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The state file (crash safety; not on hugetlbfs).
+    #[arg(long, default_value = "/run/zeronce/pool.state")]
+    pub state: PathBuf,
+    /// Zeroing worker threads (0: zero only on `prezero` and on takes).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// CPUs the workers may run on (e.g. 2-3,6).
+    #[arg(long, value_parser = parse_cpu_list)]
+    pub cpus: Option<Vec<usize>>,
+    /// Nice value of the workers (e.g. 19).
+    #[arg(long, allow_negative_numbers = true)]
+    pub nice: Option<i32>,
+    /// Cap on zeroing bandwidth, bytes per second (e.g. 4G).
+    #[arg(long, value_parser = parse_size)]
+    pub max_rate: Option<u64>,
+    /// Least time between two "zeroable pages appeared" events, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub event_interval_ms: u64,
+}
+
+/// `zeronce pool take`.
+#[derive(Args, Debug)]
+pub struct TakeArgs {
+    /// Bytes needed (e.g. 512M).
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Wait for a file being zeroed when none is free.
+    #[arg(long)]
+    pub wait: bool,
+    /// Receive the file's descriptor (SCM_RIGHTS) and run COMMAND with it inherited:
+    /// `{fd}` in its arguments becomes the descriptor number, and ZERONCE_POOL_FD is set.
+    #[arg(long, requires = "command")]
+    pub fd: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The command to run with --fd.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+fn parse_page_size(text: &str) -> Result<HugePageSize, String> {
+    match parse_size(text)? {
+        n if n == HugePageSize::Size2M.bytes() as u64 => Ok(HugePageSize::Size2M),
+        n if n == HugePageSize::Size1G.bytes() as u64 => Ok(HugePageSize::Size1G),
+        _ => Err(format!("{text:?}: huge pages are 2M or 1G")),
+    }
+}
+
+/// Error type of the verbs: a message for the user.
+pub type PoolResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Runs one verb.
+pub fn run(cmd: PoolCmd) -> PoolResult {
+    match cmd {
+        PoolCmd::Serve(args) => serve(args),
+        PoolCmd::Take(args) => take(&args),
+        PoolCmd::Return { path, socket } => {
+            connect(&socket.socket)?.give_back(&path)?;
+            Ok(())
+        }
+        PoolCmd::Stats { socket } => {
+            let v = connect(&socket.socket)?.stats()?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
+        PoolCmd::Prezero { pages, socket } => {
+            let v = connect(&socket.socket)?.prezero(pages)?;
+            println!("{v}");
+            Ok(())
+        }
+        PoolCmd::Watch { socket } => {
+            let mut client = connect(&socket.socket)?;
+            client.watch()?;
+            loop {
+                let (event, _) = client.read_reply()?;
+                println!("{event}");
+            }
+        }
+    }
+}
+
+fn connect(socket: &Path) -> Result<Client, Box<dyn std::error::Error>> {
+    Client::connect(socket).map_err(|e| format!("{e} (is `zeronce pool serve` running?)").into())
+}
+
+fn serve(args: ServeArgs) -> PoolResult {
+    // Before any thread exists, so that every thread inherits the blocked signals.
+    let signals = ShutdownSignals::install().map_err(|e| format!("signalfd: {e}"))?;
+    if let Some(dir) = args.state.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let config = PoolConfig {
+        dir: args.dir,
+        page_size: args.page_size,
+        files: args.files,
+        file_bytes: args.size,
+        state_file: args.state,
+        workers: WorkerConfig {
+            threads: args.workers,
+            cpus: args.cpus.unwrap_or_default(),
+            nice: args.nice,
+            max_bytes_per_sec: args.max_rate,
+        },
+        min_event_interval: Duration::from_millis(args.event_interval_ms),
+    };
+    let pool = Arc::new(Pool::start(config)?);
+    let server = Server::bind(pool, &args.socket.socket)?;
+    eprintln!(
+        "zeronce pool: serving on {} (SIGINT/SIGTERM to stop)",
+        args.socket.socket.display()
+    );
+    server.run(Some(&signals))?;
+    Ok(())
+}
+
+fn take(args: &TakeArgs) -> PoolResult {
+    let mut client = connect(&args.socket.socket)?;
+    let taken = client.take(args.size, args.fd, args.wait)?;
+    if !args.fd {
+        println!("{}", taken.path.display());
+        return Ok(());
+    }
+    let fd: OwnedFd = taken
+        .fd
+        .ok_or("the daemon did not pass a descriptor (see its log)")?;
+    // An inheritable copy (received descriptors are close-on-exec).
+    let inherited = rustix::io::dup(&fd)?;
+    let n = inherited.as_raw_fd().to_string();
+    let (program, rest) = args.command.split_first().ok_or("--fd needs a command")?;
+    let status = std::process::Command::new(program)
+        .args(rest.iter().map(|a| a.replace("{fd}", &n)))
+        .env("ZERONCE_POOL_FD", &n)
+        .env("ZERONCE_POOL_PATH", &taken.path)
+        .status()?;
+    eprintln!(
+        "zeronce pool: {} stays taken; `zeronce pool return {}` gives it back",
+        taken.path.display(),
+        taken.path.display()
+    );
+    if !status.success() {
+        return Err(format!("{program} exited with {status}").into());
+    }
+    Ok(())
+}

@@ -193,6 +193,7 @@ impl Shared {
     /// Runs `job` to its end (or `stop`), reporting to the pool; the file's new state.
     pub(crate) fn run_job(&self, job: Job, paced: bool) -> FileState {
         let outcome = worker::zero_job(self, &job, paced);
+        let (file, by) = (job.file, job.by);
         let mut inner = self.lock();
         inner.pool.add_zeroing_time(outcome.zeroing_nanos);
         let state = match inner.pool.finish_job(job) {
@@ -203,6 +204,11 @@ impl Shared {
             }
         };
         drop(inner);
+        tracing::info!(
+            path = %self.files.path(file).display(), ?by, zeroed = outcome.zeroed,
+            repopulated = outcome.repopulated, ready = matches!(state, FileState::Ready | FileState::Held),
+            "zeroing job done"
+        );
         self.changed.notify_all();
         if let Err(e) = self.persist() {
             tracing::error!(%e, "state file not updated");

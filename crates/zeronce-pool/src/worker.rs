@@ -26,6 +26,10 @@ pub struct WorkerConfig {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct JobOutcome {
     pub(crate) zeroing_nanos: u64,
+    /// Pages zeroed.
+    pub(crate) zeroed: u64,
+    /// Holes the kernel repopulated.
+    pub(crate) repopulated: u64,
 }
 
 /// Applies the CPU list and nice value to the calling thread; failures are logged (the
@@ -85,7 +89,10 @@ pub(crate) fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
     let mut holes: Vec<PageIndex> = Vec::new();
     if job.check_holes {
         match shared.files.repopulate(job.file) {
-            Ok(found) => holes = found,
+            Ok(found) => {
+                outcome.repopulated = found.len() as u64;
+                holes = found;
+            }
             Err(e) => {
                 tracing::warn!(%e, "repopulating holes failed; the file stays zeroable");
                 return outcome;
@@ -130,6 +137,7 @@ pub(crate) fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
             break;
         }
         outcome.zeroing_nanos += start.elapsed().as_nanos() as u64;
+        outcome.zeroed += 1;
         if let Err(e) = shared.lock().pool.page_zeroed(job, page) {
             tracing::error!(%e, "recording a zeroed page failed");
             break;

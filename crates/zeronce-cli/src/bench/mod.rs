@@ -10,6 +10,7 @@ pub mod report_path;
 pub mod rss_follow;
 pub mod stats;
 pub mod target;
+pub mod vm_start;
 pub mod zero;
 
 use clap::{Args, Subcommand};
@@ -79,6 +80,9 @@ pub enum Which {
     Prezero(prezero::PrezeroArgs),
     /// 1 GiB reported through process mode, VM mode (device thread) and VM mode over vhost-user (device in `zeronce serve`).
     ReportPath(report_path::ReportPathArgs),
+    /// Huge pages ready for a guest: kernel fault-in (1 / all threads) vs a pool file
+    /// zeroed at take vs pre-zeroed (hugetlbfs mount: $ZERONCE_HUGETLBFS_2M or --dir).
+    VmStart(vm_start::VmStartArgs),
 }
 
 /// Error type of the benchmarks: a message for the user.
@@ -94,5 +98,6 @@ pub fn run(which: Which) -> BenchResult {
         Which::RssFollow(args) => rss_follow::run(&args),
         Which::Prezero(args) => prezero::run(&args),
         Which::ReportPath(args) => report_path::run(&args),
+        Which::VmStart(args) => vm_start::run(&args),
     }
 }

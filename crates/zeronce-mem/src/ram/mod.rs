@@ -249,7 +249,10 @@ impl GuestRam {
     /// Faults `[offset, offset + len)` in for writing without writing a byte
     /// (`MADV_POPULATE_WRITE`, Linux 5.14): what a VMM's memory preallocation does. For a
     /// file the kernel allocates (and zeroes) the missing pages.
-    pub fn populate_write(&mut self, offset: usize, len: usize) -> Result<(), RamError> {
+    ///
+    /// Takes `&self`: no byte changes what it reads, so threads may populate disjoint
+    /// (or overlapping) parts at once, as a VMM's preallocation threads do.
+    pub fn populate_write(&self, offset: usize, len: usize) -> Result<(), RamError> {
         let r = self.check(offset, len).map_err(|_| RamError::BadSize {
             size: len,
             page_size: self.backing().page_size(),

@@ -18,7 +18,10 @@
 //!   file recorded held stays its client's until returned;
 //! * "zeroable pages appeared" events, rate-limited ([`Pool::subscribe`]).
 //!
-//! [`server::serve`] puts a pool behind a Unix socket speaking the JSON-lines protocol of
+//! How this fits the rest of zeronce (the huge-page pre-zeroing design, the words used)
+//! is in the repository's `docs/ARCHITECTURE.md` and `docs/GLOSSARY.md`.
+//!
+//! [`server::Server`] puts a pool behind a Unix socket speaking the JSON-lines protocol of
 //! [`proto`] (`docs/POOL_PROTOCOL.md`); [`client::Client`] speaks it. The `zeronce pool`
 //! command is a thin layer over both.
 #![forbid(unsafe_code)]

@@ -155,7 +155,6 @@ impl GuestRam {
         if size == 0 || !size.is_multiple_of(page_size) {
             return Err(RamError::BadSize { size, page_size });
         }
-        let rw = ProtFlags::READ | ProtFlags::WRITE;
         let (ptr, fd) = match kind {
             BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp)?, None),
             BackingKind::Memfd | BackingKind::Hugetlb(_) => {
@@ -178,10 +177,7 @@ impl GuestRam {
                 }
                 let fd = memfd_create("zeronce-guest-ram", flags).map_err(os("memfd_create"))?;
                 ftruncate(&fd, size as u64).map_err(os("ftruncate"))?;
-                // SAFETY: a new shared mapping of our own fresh file at a kernel-chosen
-                // address aliases no Rust object.
-                let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, &fd, 0) };
-                let p = p.map_err(|errno| match (kind, errno) {
+                let p = map_shared(&fd, size).map_err(|errno| match (kind, errno) {
                     // Raced with another user of the pool: same typed error.
                     (BackingKind::Hugetlb(_), Errno::NOMEM) => RamError::NoHugePages {
                         page_size,
@@ -193,19 +189,24 @@ impl GuestRam {
                         errno,
                     },
                 })?;
-                (p.cast::<u8>(), Some(fd))
+                (p, Some(fd))
             }
         };
+        Self::from_mapping(ptr, size, kind, fd)
+    }
+
+    /// Wraps a new mapping of ours.
+    fn from_mapping(
+        ptr: *mut u8,
+        len: usize,
+        kind: BackingKind,
+        fd: Option<OwnedFd>,
+    ) -> Result<GuestRam, RamError> {
         let ptr = NonNull::new(ptr).ok_or(RamError::Os {
             call: "mmap",
             errno: Errno::NOMEM,
         })?;
-        Ok(GuestRam {
-            ptr,
-            len: size,
-            kind,
-            fd,
-        })
+        Ok(GuestRam { ptr, len, kind, fd })
     }
 
     /// Maps all of an existing file shared (`MAP_SHARED`, from offset 0), e.g. a file on
@@ -229,21 +230,9 @@ impl GuestRam {
         if size == 0 || !size.is_multiple_of(page_size) {
             return Err(RamError::BadSize { size, page_size });
         }
-        let rw = ProtFlags::READ | ProtFlags::WRITE;
-        // SAFETY: a new shared mapping at a kernel-chosen address aliases no Rust object;
-        // other mappings of the file are the caller's protocol (see the docs above).
-        let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, &file, 0) }
-            .map_err(os("mmap"))?;
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(RamError::Os {
-            call: "mmap",
-            errno: Errno::NOMEM,
-        })?;
-        Ok(GuestRam {
-            ptr,
-            len: size,
-            kind,
-            fd: Some(file),
-        })
+        // Other mappings of the file are the caller's protocol (see the docs above).
+        let p = map_shared(&file, size).map_err(os("mmap"))?;
+        Self::from_mapping(p, size, kind, Some(file))
     }
 
     /// Faults `[offset, offset + len)` in for writing without writing a byte
@@ -454,6 +443,14 @@ impl Drop for GuestRam {
             tracing::warn!(%errno, "munmap of guest RAM failed");
         }
     }
+}
+
+/// Maps `size` bytes of `fd` shared, read-write, from offset 0.
+fn map_shared(fd: &OwnedFd, size: usize) -> Result<*mut u8, Errno> {
+    let rw = ProtFlags::READ | ProtFlags::WRITE;
+    // SAFETY: a new shared mapping at a kernel-chosen address aliases no Rust object.
+    let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, fd, 0) }?;
+    Ok(p.cast::<u8>())
 }
 
 /// Maps `size` bytes of private anonymous memory aligned to 2 MiB (so THP can back it

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use zeronce_mem::{HugePageSize, ShutdownSignals};
+use zeronce_mem::HugePageSize;
 use zeronce_pool::client::Client;
 use zeronce_pool::server::Server;
 use zeronce_pool::{parse_cpu_list, parse_size, Pool, PoolConfig, WorkerConfig};
@@ -160,8 +160,6 @@ fn connect(socket: &Path) -> Result<Client, Box<dyn std::error::Error>> {
 }
 
 fn serve(args: ServeArgs) -> PoolResult {
-    // Before any thread exists, so that every thread inherits the blocked signals.
-    let signals = ShutdownSignals::install().map_err(|e| format!("signalfd: {e}"))?;
     if let Some(dir) = args.state.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
@@ -181,11 +179,12 @@ fn serve(args: ServeArgs) -> PoolResult {
     };
     let pool = Arc::new(Pool::start(config)?);
     let server = Server::bind(pool, &args.socket.socket)?;
+    server.stop_on_signals()?;
     eprintln!(
         "zeronce pool: serving on {} (SIGINT/SIGTERM to stop)",
         args.socket.socket.display()
     );
-    server.run(Some(&signals))?;
+    server.run()?;
     Ok(())
 }
 

@@ -14,7 +14,6 @@ pub mod global;
 pub mod ram;
 pub mod resident;
 pub mod shared;
-pub mod signals;
 pub mod vm;
 pub mod zeroing;
 
@@ -22,5 +21,4 @@ pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee, 
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 pub use resident::{HugetlbPoolCounters, ProcessRss, ResidentError};
 pub use shared::{ClaimError, RamRange, SharedRam};
-pub use signals::{ShutdownSignal, ShutdownSignals};
 pub use zeroing::{zero_range, zero_range_hinted, ZeroKernel};

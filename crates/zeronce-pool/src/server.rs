@@ -1,6 +1,6 @@
 //! The control socket: accepts clients on a Unix stream socket, one thread per client,
 //! and answers the [`proto`](crate::proto) requests from a [`Pool`]. Shuts down cleanly
-//! on SIGINT / SIGTERM (through [`ShutdownSignals`]) or [`Server::stop`].
+//! on SIGINT / SIGTERM ([`Server::stop_on_signals`]) or [`Server::stop`].
 
 use std::io::{BufRead, BufReader, IoSlice, Write};
 use std::mem::MaybeUninit;
@@ -14,7 +14,6 @@ use std::time::Duration;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde_json::{json, Value};
-use zeronce_mem::ShutdownSignals;
 
 use crate::proto::{error_reply, Request};
 use crate::{Pool, PoolError};
@@ -83,9 +82,23 @@ impl Server {
         self.stop.store(true, Ordering::Release);
     }
 
-    /// Serves until a shutdown signal (if `signals`) or [`Server::stop`]; then removes
-    /// the socket and shuts the pool down (workers stopped, state file written).
-    pub fn run(self, signals: Option<&ShutdownSignals>) -> Result<(), ServeError> {
+    /// Makes SIGINT and SIGTERM stop [`Server::run`] (instead of killing the process).
+    pub fn stop_on_signals(&self) -> Result<(), ServeError> {
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(signal, Arc::clone(&self.stop)).map_err(|source| {
+                ServeError::Socket {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Serves until [`Server::stop`] (or a signal, with [`Server::stop_on_signals`]);
+    /// then removes the socket and shuts the pool down (workers stopped after their
+    /// current page, state file written).
+    pub fn run(self) -> Result<(), ServeError> {
         tracing::info!(socket = %self.path.display(), "serving");
         let tick = Timespec {
             tv_sec: 0,
@@ -93,12 +106,10 @@ impl Server {
         };
         let result = loop {
             if self.stop.load(Ordering::Acquire) {
+                tracing::info!("shutting down");
                 break Ok(());
             }
-            let mut fds = vec![PollFd::new(&self.listener, PollFlags::IN)];
-            if let Some(s) = signals {
-                fds.push(PollFd::new(s, PollFlags::IN));
-            }
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
             match poll(&mut fds, Some(&tick)) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => {
@@ -107,10 +118,6 @@ impl Server {
                         source: e.into(),
                     })
                 }
-            }
-            if let Some(sig) = signals.and_then(ShutdownSignals::take) {
-                tracing::info!(?sig, "shutting down");
-                break Ok(());
             }
             match self.listener.accept() {
                 Ok((stream, _)) => self.spawn_client(stream),

@@ -117,3 +117,20 @@ fn quick_keeps_explicit_flags() {
     assert_eq!(v["pages"], 2);
     assert_eq!(v["gap_ms"], 0);
 }
+
+#[test]
+fn pool_and_vm_start_arguments_are_checked() {
+    refused("bench vm-start --size 3M", 2, "multiple of 2M");
+    refused("bench vm-start --runs 0", 2, "must be at least 1");
+    refused(
+        "pool serve --dir /tmp --files 1 --size 2M --page-size 4M",
+        2,
+        "2M or 1G",
+    );
+    refused("pool take --size lots", 2, "is not a size");
+    refused(
+        "pool stats --socket /nonexistent/zeronce-pool.sock",
+        1,
+        "is `zeronce pool serve` running?",
+    );
+}

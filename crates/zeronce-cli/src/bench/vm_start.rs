@@ -29,25 +29,36 @@ use zeronce_pool::files::{mount_from_env, MOUNT_ENV_2M};
 use zeronce_pool::{parse_size, Pool, PoolConfig, WorkerConfig};
 
 use super::stats::{time_it, Summary};
-use super::{BenchResult, Common};
+use super::{at_least_one, millis, BenchResult, Common};
 
 /// Arguments of `zeronce bench vm-start`.
 #[derive(Args, Debug)]
 pub struct VmStartArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Guest memory to obtain (e.g. 1G).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub size: u64,
-    /// Runs per mode (medians).
-    #[arg(long, default_value_t = 7)]
-    pub runs: usize,
-    /// Idle time between the last write (or creation) of the memory and the timed step.
-    #[arg(long, default_value_t = 500)]
-    pub gap_ms: u64,
+    /// Guest memory to obtain, a multiple of 2 MiB (e.g. 1G; --quick: 256M).
+    #[arg(long, value_parser = huge_multiple)]
+    pub size: Option<u64>,
+    /// Runs per mode, medians (default 7; --quick: 3).
+    #[arg(long, value_parser = at_least_one)]
+    pub runs: Option<usize>,
+    /// Idle time between the last write (or creation) of the memory and the timed step
+    /// (default 500; --quick: 100).
+    #[arg(long, value_parser = millis)]
+    pub gap_ms: Option<u64>,
     /// A hugetlbfs mount of 2 MiB pages (default: $ZERONCE_HUGETLBFS_2M).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+}
+
+/// A positive multiple of the 2 MiB page size.
+fn huge_multiple(text: &str) -> Result<u64, String> {
+    let n = parse_size(text)?;
+    let page = PAGE.bytes() as u64;
+    if n == 0 || !n.is_multiple_of(page) {
+        return Err(format!("must be a positive multiple of 2M ({page} bytes)"));
+    }
+    Ok(n)
 }
 
 const MODES: [&str; 4] = [
@@ -217,19 +228,11 @@ fn mode_json(steps: &[Step]) -> (Value, f64) {
 /// Runs the benchmark.
 pub fn run(args: &VmStartArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let (size, runs, gap) = if quick {
-        (
-            args.size.min(256 << 20),
-            args.runs.min(3),
-            Duration::from_millis(args.gap_ms.min(100)),
-        )
-    } else {
-        (args.size, args.runs, Duration::from_millis(args.gap_ms))
-    };
+    let c = args.common;
+    let size = c.pick(args.size, 256 << 20, 1 << 30);
+    let runs = c.pick(args.runs, 3, 7);
+    let gap = Duration::from_millis(c.pick(args.gap_ms, 100, 500));
     let page = PAGE.bytes() as u64;
-    if size == 0 || !size.is_multiple_of(page) {
-        return Err(format!("--size must be a positive multiple of {page}").into());
-    }
     let mount = match &args.dir {
         Some(d) => d.clone(),
         None => mount_from_env().map_err(|e| format!("{e} (or pass --dir; {MOUNT_ENV_2M})"))?,

@@ -9,8 +9,8 @@
 mod bench;
 mod demo;
 mod plot;
-mod vhost;
 mod pool;
+mod vhost;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};

@@ -42,10 +42,14 @@
 
 mod caches;
 mod claimed;
+mod error;
 pub mod global;
 mod managed;
+mod policy;
 pub mod process;
+mod threads;
 pub mod vm;
+mod zeroing;
 
 pub use global::{ProcessBackend, ZeronceAlloc};
 pub use process::{

@@ -13,9 +13,10 @@ use zeronce_mm::{
 
 use crate::caches::ThreadCaches;
 use crate::claimed::ClaimedBytes;
-use crate::process::background::BackgroundZeroer;
-use crate::process::zeromap::{Site, ZeroMap};
-use crate::process::{Error, RamZeroer};
+use crate::error::Error;
+use crate::zeroing::background::BackgroundZeroer;
+use crate::zeroing::zeromap::{Site, ZeroMap};
+use crate::zeroing::RamZeroer;
 
 /// A manager over some RAM, with reporting to a device of type `D` (or none).
 pub(crate) struct ManagedMemory<D: ReportingDevice + 'static> {
@@ -132,7 +133,7 @@ pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
         Arc::clone(mm),
         device,
         config,
-        crate::process::mark_internal_thread,
+        crate::threads::mark_internal_thread,
     )?;
     let notifier = reporter.notifier();
     let order = config.order;

@@ -40,8 +40,8 @@ use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReporterHealth, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
+use crate::error::Error;
 use crate::managed::{self, ManagedMemory, ManagerSettings, PageBlock};
-use crate::process::Error;
 
 /// The driver of VM mode: over the guest's mapping of the ring area, to the device
 /// wherever it runs ([`DeviceHost`]).

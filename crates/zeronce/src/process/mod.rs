@@ -17,88 +17,24 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub(crate) mod background;
 mod device;
-mod zeroer;
-pub(crate) mod zeromap;
 
-pub use background::ZeroerConfig;
-pub use device::{DeviceStats, HostPolicy, PolicyError, ProcessDevice};
-pub use zeroer::RamZeroer;
-pub use zeromap::ZeroingStats;
-
-use std::cell::Cell;
-
-thread_local! {
-    /// Set on zeronce's own threads (reporting worker, background zeroers).
-    static INTERNAL: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Marks the calling thread as one of zeronce's own (see [`is_internal_thread`]).
-pub(crate) fn mark_internal_thread() {
-    INTERNAL.with(|c| c.set(true));
-}
-
-/// Whether the calling thread is one of zeronce's own (reporting worker, background
-/// zeroer): a global allocator built on process mode sends their allocations to its inner
-/// allocator, so they never wait on the locks they may hold.
-pub fn is_internal_thread() -> bool {
-    INTERNAL.try_with(Cell::get).unwrap_or(false)
-}
+pub use crate::error::Error;
+pub use crate::policy::{HostPolicy, PolicyError};
+pub use crate::threads::is_internal_thread;
+pub use crate::zeroing::{RamZeroer, ZeroerConfig, ZeroingStats};
+pub use device::{DeviceStats, ProcessDevice};
 
 use std::sync::Arc;
 
-use zeronce_mem::{BackingKind, ClaimError, GuestRam, RamError, SharedRam};
-use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingConfigError, ReportingStats};
-use zeronce_mm::{
-    AllocError, AllocRequest, ConfigError, FreeError, MemoryManager, Order, Stats, PAGE_SIZE,
-};
+use zeronce_mem::{BackingKind, GuestRam, SharedRam};
+use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
+use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
 pub use crate::managed::PageBlock;
 use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings};
-use background::{BackgroundZeroer, Target};
-use zeromap::ZeroMap;
-
-/// Why process memory could not be set up or used.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Mapping the RAM failed (size, huge pages, system call).
-    #[error(transparent)]
-    Ram(#[from] RamError),
-    /// The manager refused its configuration.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The reporting engine refused its configuration.
-    #[error(transparent)]
-    Reporting(#[from] ReportingConfigError),
-    /// The host policy does not work on this backing (e.g. `MADV_FREE` on a memfd).
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
-    /// Reported blocks would be smaller than the backing's pages (hugetlb discards whole
-    /// huge pages only).
-    #[error("reporting order {order} is below the backing's {page_size}-byte pages")]
-    OrderBelowPageSize {
-        /// Configured reporting order.
-        order: Order,
-        /// Page size of the backing.
-        page_size: usize,
-    },
-    /// Allocation failed.
-    #[error(transparent)]
-    Alloc(#[from] AllocError),
-    /// Free failed.
-    #[error(transparent)]
-    Free(#[from] FreeError),
-    /// A handed-out block's bytes were still claimed (a bug).
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
-    /// Discarding part of a block failed.
-    #[error(transparent)]
-    Discard(#[from] zeronce_mem::DiscardError),
-    /// The background zeroer threads could not be started.
-    #[error("starting the background zeroer: {0}")]
-    Thread(#[from] std::io::Error),
-}
+use crate::zeroing::background::{BackgroundZeroer, Target};
+use crate::zeroing::zeromap::ZeroMap;
 
 /// Free page reporting settings of process mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

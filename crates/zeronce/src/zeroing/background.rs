@@ -178,7 +178,7 @@ impl BackgroundZeroer {
             let t = std::thread::Builder::new()
                 .name(format!("zeronce-zero-{n}"))
                 .spawn(move || {
-                    crate::process::mark_internal_thread();
+                    crate::threads::mark_internal_thread();
                     if let Some(nice) = config.nice {
                         let tid = rustix::thread::gettid();
                         if let Err(e) = rustix::process::setpriority_process(Some(tid), nice) {

@@ -293,9 +293,9 @@ pub unsafe fn discard_raw(
             let ps = backing.page_size() as u64;
             if !offset.is_multiple_of(ps) {
                 return Err(DiscardError::Unaligned {
-                    addr: offset as usize,
+                    addr: usize::try_from(offset).unwrap_or(usize::MAX),
                     len,
-                    page_size: ps as usize,
+                    page_size: backing.page_size(),
                 });
             }
             let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;

@@ -6,6 +6,13 @@
 //! Where this crate sits among the others, and the zero guarantee of each discard op per
 //! backing: `docs/ARCHITECTURE.md` (§2, §5) in the repository.
 #![warn(missing_docs)]
+// Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
+// would index the wrong frame or discard the wrong range.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod claims;
 pub mod clock;

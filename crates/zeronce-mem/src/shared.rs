@@ -383,15 +383,18 @@ mod tests {
     #[test]
     fn touch_faults_each_untouched_page_once_and_keeps_contents() {
         let r = ram();
-        let pages = 512u64;
-        let mut a = r.claim(0, pages as usize * 4096).unwrap();
+        let pages = 512usize;
+        let mut a = r.claim(0, pages * 4096).unwrap();
         a.as_mut_slice()[3 * 4096] = 9;
         let before = minor_faults();
         a.touch(0);
         let faults = minor_faults() - before;
         // One write fault per page (a read first would map the zero page: two faults).
-        assert!(faults <= pages + 8, "{faults} faults for {pages} pages");
-        assert!(r.resident_bytes(0, pages as usize * 4096).unwrap() >= 511 * 4096);
+        assert!(
+            faults <= pages as u64 + 8,
+            "{faults} faults for {pages} pages"
+        );
+        assert!(r.resident_bytes(0, pages * 4096).unwrap() >= 511 * 4096);
         assert_eq!(a.as_slice()[3 * 4096], 9);
         assert_eq!(a.as_slice().iter().filter(|&&b| b != 0).count(), 1);
     }

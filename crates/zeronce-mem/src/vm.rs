@@ -13,7 +13,7 @@
 
 use std::os::fd::AsFd;
 
-use rustix::mm::{madvise, Advice, MapFlags};
+use rustix::mm::{madvise, Advice};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{
     Address, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
@@ -92,7 +92,7 @@ pub fn region_backing<B: Bitmap>(
     let Some(fo) = region.file_offset() else {
         return Ok(Backing::PrivateAnonymous);
     };
-    let shared = region.flags() & MapFlags::SHARED.bits() as i32 != 0;
+    let shared = region.flags() & libc::MAP_SHARED != 0;
     if !shared {
         return Err(GuestDiscardError::PrivateFileMapping { start });
     }
@@ -101,14 +101,13 @@ pub fn region_backing<B: Bitmap>(
     }
     let fd = fo.file().as_fd();
     let on_hugetlbfs = region.is_hugetlbfs() == Some(true)
-        || rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as u64 == HUGETLBFS_MAGIC);
+        || rustix::fs::fstatfs(fd).is_ok_and(|s| u64::try_from(s.f_type) == Ok(HUGETLBFS_MAGIC));
     if !on_hugetlbfs {
         return Ok(Backing::SharedFile);
     }
-    match rustix::fs::fstat(fd) {
-        Ok(st) if st.st_blksize > 0 => Ok(Backing::Hugetlb {
-            page_size: st.st_blksize as usize,
-        }),
+    let block = rustix::fs::fstat(fd).map(|st| usize::try_from(st.st_blksize));
+    match block {
+        Ok(Ok(page_size)) if page_size > 0 => Ok(Backing::Hugetlb { page_size }),
         _ => Err(GuestDiscardError::UnknownHugePageSize { start }),
     }
 }
@@ -168,7 +167,7 @@ pub fn discard_guest_range<B: Bitmap>(
     }
     // A private file mapping: DONTNEED reverts to the file, and a punched hole destroys
     // the file's own data, which the private mapping exists to protect.
-    if region.file_offset().is_some() && region.flags() & MapFlags::SHARED.bits() as i32 == 0 {
+    if region.file_offset().is_some() && region.flags() & libc::MAP_SHARED == 0 {
         return Err(GuestDiscardError::PrivateFileMapping { start });
     }
     let len =
@@ -201,14 +200,18 @@ pub fn populate_guest_range<B: Bitmap>(
     len: u64,
 ) -> Result<(), GuestDiscardError> {
     let (region, offset) = locate(mem, gpa, len)?;
-    crate::discard::check_range(gpa.0 as usize, len as usize, Backing::PrivateAnonymous)?;
+    let not_in = GuestDiscardError::NotInGuestMemory { gpa: gpa.0, len };
+    let (Ok(start), Ok(bytes)) = (usize::try_from(gpa.0), usize::try_from(len)) else {
+        return Err(not_in);
+    };
+    crate::discard::check_range(start, bytes, Backing::PrivateAnonymous)?;
     let host = region
         .get_host_address(vm_memory::MemoryRegionAddress(offset))
-        .map_err(|_| GuestDiscardError::NotInGuestMemory { gpa: gpa.0, len })?;
+        .map_err(|_| not_in)?;
     // SAFETY: the range lies inside the region's live mapping (checked by `locate`);
     // MADV_POPULATE_WRITE faults pages in without modifying their contents, so no value
     // any reader could observe changes.
-    unsafe { madvise(host.cast(), len as usize, Advice::LinuxPopulateWrite) }
+    unsafe { madvise(host.cast(), bytes, Advice::LinuxPopulateWrite) }
         .map_err(GuestDiscardError::Populate)
 }
 
@@ -313,7 +316,7 @@ mod tests {
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         // A region over memory vm-memory did not map (the VMM's own mapping, given as a
         // raw pointer): vm-memory only promises it can be accessed, not discarded.
-        let len = 2 * PS as usize;
+        let len = 2 * crate::discard::PAGE_SIZE;
         // SAFETY: a fresh private mapping of our own, unmapped at the end of the test.
         let raw = unsafe {
             rustix::mm::mmap_anonymous(

@@ -53,6 +53,13 @@
 //! tags consistent; no two free buddies of equal order left unmerged.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
+// would index the wrong frame or discard the wrong range.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod error;
 pub mod hugepool;

@@ -82,7 +82,8 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
         let pages = self.mm.zones[z].range.pages;
         let batch = (cfg.pcp_batch_pages.min(pages / 64) >> order.get()).max(1);
         let high = (cfg.pcp_high_pages.min(pages / 16) >> order.get()).max(batch);
-        (batch as usize, high as usize)
+        let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        (fit(batch), fit(high))
     }
 
     /// Like [`MemoryManager::alloc`]; non-zero requests of orders <= [`PCP_MAX_ORDER`] are
@@ -148,10 +149,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
         let (pfn, prior) = self.stash[z][order.index()].pop()?;
         let slot = &self.mm.zones[z];
         // Only this cache may touch a cached block: a plain store suffices.
-        slot.tags.set(
-            (pfn.0 - slot.range.start.0) as u32,
-            Tag::Allocated { order },
-        );
+        slot.tags.set(slot.idx(pfn), Tag::Allocated { order });
         self.allocs[order.index()] += 1;
         Some(Allocation {
             block: Block::new(pfn, order),
@@ -178,7 +176,7 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
             return self.mm.free(block, hint);
         };
         let slot = &self.mm.zones[z];
-        let idx = (block.pfn.0 - slot.range.start.0) as u32;
+        let idx = slot.idx(block.pfn);
         let cached = Tag::Cached {
             order: block.order,
             state: FreeState::DIRTY,
@@ -241,7 +239,10 @@ impl<M: Deref<Target = MemoryManager>> PcpCache<M> {
         let mut out = Vec::new();
         for (z, lists) in self.stash.iter().enumerate() {
             for (o, list) in lists.iter().enumerate() {
-                let order = Order::new(o as u8).unwrap_or(Order::ZERO);
+                let order = u8::try_from(o)
+                    .ok()
+                    .and_then(|o| Order::new(o).ok())
+                    .unwrap_or(Order::ZERO);
                 out.extend(
                     list.iter()
                         .map(|&(pfn, s)| (ZoneId(z), Block::new(pfn, order), s)),

@@ -308,7 +308,7 @@ impl HugePool {
         let Some(n) = self.nodes.get_mut(node.0) else {
             return Vec::new();
         };
-        let take = (max.min(n.dirty.len() as u64)) as usize;
+        let take = usize::try_from(max).map_or(n.dirty.len(), |m| m.min(n.dirty.len()));
         let indices: Vec<u32> = n.dirty.drain(..take).collect();
         n.zeroing += take as u64;
         indices

@@ -210,6 +210,17 @@ pub(crate) struct ZoneSlot {
     reportable_frees: AtomicU64,
 }
 
+impl ZoneSlot {
+    /// Frame-table index of `pfn` (which must be in the zone).
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "a zone has fewer than 2^32 frames (MemoryManager::new refuses larger ones), so frame indices and block sizes fit in u32"
+    )]
+    pub(crate) fn idx(&self, pfn: Pfn) -> u32 {
+        (pfn.0 - self.range.start.0) as u32
+    }
+}
+
 /// The memory manager: buddy zones whose free blocks carry known-zero and reported state.
 /// `Send + Sync`; one mutex per zone. See the crate docs for the rules.
 pub struct MemoryManager {

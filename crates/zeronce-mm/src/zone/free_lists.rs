@@ -135,7 +135,9 @@ impl FreeLists {
             return None;
         }
         // Lowest set bit = smallest order with a block: fewer splits, bigger blocks saved.
-        let order = Order::new(mask.trailing_zeros() as u8).ok()?;
+        let order = u8::try_from(mask.trailing_zeros())
+            .ok()
+            .and_then(|o| Order::new(o).ok())?;
         let state = states
             .iter()
             .copied()

@@ -118,13 +118,14 @@ impl Zone {
         low_watermark: u64,
         initial: FreeState,
     ) -> Zone {
+        let frames = usize::try_from(range.pages).expect("a zone's frames fit in memory");
         let mut zone = Zone {
             id,
             range,
             max_order,
             low_watermark,
-            tags: Arc::new(TagTable::new(range.pages as usize)),
-            links: vec![Link::NONE; range.pages as usize],
+            tags: Arc::new(TagTable::new(frames)),
+            links: vec![Link::NONE; frames],
             lists: FreeLists::new(),
             free_pages: 0,
             isolated_pages: 0,
@@ -137,8 +138,10 @@ impl Zone {
             // found by XOR on the absolute PFN), by what remains, and by max_order.
             let align = if pfn == 0 { 63 } else { pfn.trailing_zeros() };
             let fit = 63 - (end - pfn).leading_zeros();
-            let order =
-                Order::new(align.min(fit).min(max_order.get() as u32) as u8).unwrap_or(max_order);
+            let order = u8::try_from(align.min(fit).min(u32::from(max_order.get())))
+                .ok()
+                .and_then(|o| Order::new(o).ok())
+                .unwrap_or(max_order);
             let idx = zone.idx(Pfn(pfn));
             zone.lists
                 .push(&zone.tags, &mut zone.links, idx, order, initial);
@@ -149,6 +152,10 @@ impl Zone {
     }
 
     /// Frame-table index of `pfn` (which must be in the zone).
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "a zone has fewer than 2^32 frames (MemoryManager::new refuses larger ones), so frame indices and block sizes fit in u32"
+    )]
     fn idx(&self, pfn: Pfn) -> u32 {
         (pfn.0 - self.range.start.0) as u32
     }
@@ -180,7 +187,7 @@ impl Zone {
         // expand(): keep the lower half, give the upper half back; halves inherit the state.
         while cur > order {
             cur = cur.lower()?;
-            let upper = idx + cur.pages() as u32;
+            let upper = idx + u32::try_from(cur.pages()).ok()?;
             self.lists
                 .push(&self.tags, &mut self.links, upper, cur, state);
         }

@@ -5,23 +5,34 @@
 //! and `poison_val`. An access outside the 16 bytes, or a driver write touching a
 //! device-owned byte, is refused with a typed error and changes nothing.
 
+// Driver-written offsets and lengths are converted with checks.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
 use crate::error::BalloonError;
 use crate::spec::config_layout::{ACTUAL, NUM_PAGES, POISON_VAL, SIZE};
+
+/// [`SIZE`] as an array length.
+const LEN: usize = 16;
+const _: () = assert!(LEN as u64 == SIZE);
 
 /// The balloon configuration space.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConfigSpace {
-    bytes: [u8; SIZE as usize],
+    bytes: [u8; LEN],
 }
 
 impl ConfigSpace {
     fn field(&self, offset: u64) -> u32 {
-        let o = offset as usize;
+        let o = usize::try_from(offset).expect("field offsets are constants below SIZE");
         u32::from_le_bytes(self.bytes[o..o + 4].try_into().expect("4-byte field"))
     }
 
     fn set_field(&mut self, offset: u64, v: u32) {
-        let o = offset as usize;
+        let o = usize::try_from(offset).expect("field offsets are constants below SIZE");
         self.bytes[o..o + 4].copy_from_slice(&v.to_le_bytes());
     }
 
@@ -47,14 +58,17 @@ impl ConfigSpace {
 
     /// Checks `[offset, offset + len)` lies inside the config space.
     fn check(offset: u64, len: usize) -> Result<std::ops::Range<usize>, BalloonError> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= SIZE => Ok(offset as usize..end as usize),
-            _ => Err(BalloonError::ConfigOutOfRange {
+        let inside = |end: u64| -> Option<std::ops::Range<usize>> {
+            (end <= SIZE).then_some(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)
+        };
+        offset
+            .checked_add(len as u64)
+            .and_then(inside)
+            .ok_or(BalloonError::ConfigOutOfRange {
                 offset,
                 len,
                 size: SIZE,
-            }),
-        }
+            })
     }
 
     /// Reads `data.len()` bytes at `offset`. Out-of-range reads fail and leave `data`

@@ -43,7 +43,8 @@ pub struct PfnRequest {
 impl PfnRequest {
     /// Bitmap bytes the device writes: `ceil(n / 8)` (the `used_len` under bit 7).
     pub fn bitmap_len(&self) -> u32 {
-        self.pfns.len().div_ceil(8) as u32
+        // At most MAX_PFNS_PER_REQUEST / 8 bytes: the parser refuses longer PFN arrays.
+        u32::try_from(self.pfns.len().div_ceil(8)).unwrap_or(u32::MAX)
     }
 }
 
@@ -161,7 +162,7 @@ impl PartialPages {
                 base,
                 PartialPage {
                     size: page_size,
-                    words: vec![0; subpages.div_ceil(64) as usize],
+                    words: vec![0; usize::try_from(subpages.div_ceil(64)).unwrap_or(0)],
                     count: 0,
                 },
             );
@@ -234,7 +235,7 @@ where
     let mut huge: HashMap<u64, (u64, Backing, Vec<u32>)> = HashMap::new();
     let mut complete = Vec::new();
     let mut backing_errors = 0;
-    for (bit, pfn) in pfns.iter().enumerate() {
+    for (bit, pfn) in (0u32..).zip(pfns) {
         let gpa = pfn.gpa();
         let Ok(r) = region_range(mem, QueueKind::Inflate, gpa, PFN_PAGE_SIZE) else {
             continue; // validated by `parse`; unreachable in practice
@@ -249,7 +250,7 @@ where
         };
         let ps = backing.page_size() as u64;
         if ps <= PFN_PAGE_SIZE {
-            small.push((gpa.0, bit as u32, backing, r.region_start.0));
+            small.push((gpa.0, bit, backing, r.region_start.0));
             continue;
         }
         let base = r.region_start.0 + (gpa.0 - r.region_start.0) / ps * ps;
@@ -259,7 +260,7 @@ where
         huge.entry(base)
             .or_insert_with(|| (ps, backing, Vec::new()))
             .2
-            .push(bit as u32);
+            .push(bit);
         if partial.add(base, ps, gpa.0) {
             complete.push(base);
         }
@@ -339,6 +340,10 @@ pub fn bitmap_bytes(n_pfns: usize, zero_bits: &[u32]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "small test constants on a 64-bit host"
+)]
 mod tests {
     use super::*;
     use crate::mock::RecordingDiscarder;

@@ -1,5 +1,12 @@
 //! Queue handlers: pure parsing and planning of guest requests, one module per queue.
 //! Nothing here performs a discard; the device executes the plans.
+// Guest-controlled numbers (PFNs, lengths, counts) are converted with checks: a silent
+// truncation would plan a discard of the wrong range.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 pub mod inflate;
 pub mod reporting;
@@ -132,7 +139,12 @@ pub fn read_all<M: GuestMemory + ?Sized>(
     descs: &[Desc],
 ) -> Result<Vec<u8>, BalloonError> {
     let total: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
-    let mut out = vec![0u8; total as usize];
+    let too_large = BalloonError::BufferTooLarge {
+        queue,
+        len: total,
+        max: usize::MAX as u64,
+    };
+    let mut out = vec![0u8; usize::try_from(total).map_err(|_| too_large)?];
     let mut at = 0usize;
     for d in descs {
         let len = d.len as usize;

@@ -229,12 +229,40 @@ where
     M: GuestMemoryBackend + ?Sized,
     D: Discarder<M> + ?Sized,
 {
-    // (gpa, bit, backing, region start): runs merge only inside one region, since two
-    // back-to-back regions are two mappings (and possibly two files).
-    let mut small: Vec<(u64, u32, Backing, u64)> = Vec::new();
-    let mut huge: HashMap<u64, (u64, Backing, Vec<u32>)> = HashMap::new();
-    let mut complete = Vec::new();
-    let mut backing_errors = 0;
+    let sorted = sort_by_backing(mem, discarder, partial, pfns);
+    let mut out = merge_small_runs(sorted.small);
+    out.extend(complete_huge_pages(sorted.huge, sorted.complete));
+    (out, sorted.backing_errors)
+}
+
+/// One inflated page on a backing of 4 KiB pages: (gpa, bit, backing, region start). Runs
+/// merge only inside one region, since two back-to-back regions are two mappings (and
+/// possibly two files).
+type SmallPage = (u64, u32, Backing, u64);
+
+/// Inflated PFNs sorted by their backing's page size.
+#[derive(Default)]
+struct ByBacking {
+    small: Vec<SmallPage>,
+    /// Huge host page base → (page size, backing, bits of its PFNs in this request).
+    huge: HashMap<u64, (u64, Backing, Vec<u32>)>,
+    /// Huge host pages this request completed.
+    complete: Vec<u64>,
+    backing_errors: u64,
+}
+
+/// Looks up each PFN's backing; records huge-page sub-pages in `partial`.
+fn sort_by_backing<M, D>(
+    mem: &M,
+    discarder: &mut D,
+    partial: &mut PartialPages,
+    pfns: &[Pfn4k],
+) -> ByBacking
+where
+    M: GuestMemoryBackend + ?Sized,
+    D: Discarder<M> + ?Sized,
+{
+    let mut sorted = ByBacking::default();
     for (bit, pfn) in (0u32..).zip(pfns) {
         let gpa = pfn.gpa();
         let Ok(r) = region_range(mem, QueueKind::Inflate, gpa, PFN_PAGE_SIZE) else {
@@ -244,27 +272,35 @@ where
             Ok(b) => b,
             Err(e) => {
                 tracing::debug!(gpa = gpa.0, error = %e, "cannot determine backing");
-                backing_errors += 1;
+                sorted.backing_errors += 1;
                 continue;
             }
         };
         let ps = backing.page_size() as u64;
         if ps <= PFN_PAGE_SIZE {
-            small.push((gpa.0, bit, backing, r.region_start.0));
+            sorted.small.push((gpa.0, bit, backing, r.region_start.0));
             continue;
         }
         let base = r.region_start.0 + (gpa.0 - r.region_start.0) / ps * ps;
         if base + ps > r.region_start.0 + r.region_len {
             continue; // tail of a region smaller than a host page: never discardable
         }
-        huge.entry(base)
+        sorted
+            .huge
+            .entry(base)
             .or_insert_with(|| (ps, backing, Vec::new()))
             .2
             .push(bit);
         if partial.add(base, ps, gpa.0) {
-            complete.push(base);
+            sorted.complete.push(base);
         }
     }
+    sorted
+}
+
+/// 4 KiB-backed pages as discards of merged runs (adjacent or repeated, same region and
+/// backing).
+fn merge_small_runs(mut small: Vec<SmallPage>) -> Vec<PlannedDiscard> {
     small.sort_unstable_by_key(|(gpa, bit, _, _)| (*gpa, *bit));
     let mut out: Vec<PlannedDiscard> = Vec::new();
     let mut run_region = None;
@@ -289,18 +325,28 @@ where
             }),
         }
     }
+    out
+}
+
+/// One discard per completed huge host page, with the bits of its PFNs in this request.
+fn complete_huge_pages(
+    mut huge: HashMap<u64, (u64, Backing, Vec<u32>)>,
+    mut complete: Vec<u64>,
+) -> Vec<PlannedDiscard> {
     complete.sort_unstable();
     complete.dedup();
-    for base in complete {
-        let (ps, backing, bits) = huge.remove(&base).expect("completed page was seen");
-        out.push(PlannedDiscard {
-            gpa: GuestAddress(base),
-            len: ps,
-            backing,
-            bits,
-        });
-    }
-    (out, backing_errors)
+    complete
+        .into_iter()
+        .map(|base| {
+            let (ps, backing, bits) = huge.remove(&base).expect("completed page was seen");
+            PlannedDiscard {
+                gpa: GuestAddress(base),
+                len: ps,
+                backing,
+                bits,
+            }
+        })
+        .collect()
 }
 
 /// The 4 KiB pages of `pfns` as runs `(start, length)`: sorted, duplicates merged,

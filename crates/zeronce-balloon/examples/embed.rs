@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue};
 use zeronce_balloon::{
-    BalloonDevice, BalloonOptions, Feature, FeatureSet, InterruptSignal, MmapDiscarder, QueueKind,
+    BalloonDevice, BalloonOptions, Feature, FeatureOffer, FeatureSet, InterruptSignal,
+    MmapDiscarder, QueueKind,
 };
 
 /// The VMM's interrupt path (an irqfd write, an MSI-X vector, ...).
@@ -33,7 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 1. The device, with the real discarder (backing derived from each region).
     let mut dev = BalloonDevice::new(
-        BalloonOptions::default(),
+        BalloonOptions {
+            // This guest speaks the zero-hint proposal (bits 6/7): offer it knowingly.
+            offer: FeatureOffer::default().with_zero_hints(),
+            ..BalloonOptions::default()
+        },
         MmapDiscarder::new(),
         Irq::default(),
     );

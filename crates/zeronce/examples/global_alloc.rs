@@ -4,7 +4,7 @@
 //! zeroed in the background and handed out again without a memset, or given back to the
 //! kernel after 2 s idle.
 //!
-//! `cargo run --release --example global_alloc -- [rounds] [MiB per buffer]`
+//! `cargo run --release -p zeronce --example global_alloc -- [rounds] [MiB per buffer]`
 
 use std::time::Instant;
 

@@ -1,7 +1,7 @@
 //! Process mode in a few lines: 1 GiB of THP-backed memory whose freed blocks go back to
 //! the kernel and come back known zero.
 //!
-//! `cargo run --release --example process_mode`
+//! `cargo run --release -p zeronce --example process_mode`
 
 use zeronce::{Order, ProcessMemory, ReportingSetup};
 

@@ -41,6 +41,38 @@ proptest! {
     }
 }
 
+/// An input that once failed the harness (a file of `tests/fuzz_regressions/`): it must
+/// now run clean. Both were oracle bugs, found by random proptest seeds and shrunk.
+fn replay(name: &str) {
+    let path = format!(
+        "{}/tests/fuzz_regressions/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    run(&data);
+}
+
+/// A held inflate (hold policy) whose head the guest publishes again with another
+/// request on PFN 0 (a ring page): the device refuses the second as in flight and later
+/// completes the held one, bit 0 set for its own PFN. The oracle had recorded the second
+/// request's promise for the head and checked it against the held one's bitmap
+/// ("inflate bit 0 promised PFN 0x0 zero; it is not"). A promise is now recorded only
+/// when the head had no pop outstanding and this notification popped it once.
+#[test]
+fn regression_a_republished_held_head_keeps_the_held_promise() {
+    replay("republished_held_head.bin");
+}
+
+/// The guest moves `avail.idx` far ahead and then back behind the ring's old end: the
+/// device pops stale entries (head 0 twice, one refused as in flight) that the oracle,
+/// counting availabilities when the guest wrote them, had never counted ("descriptor 0
+/// returned more often than it was made available"). Availabilities are now counted
+/// when the device reads the entry.
+#[test]
+fn regression_avail_idx_moved_back_over_stale_entries() {
+    replay("avail_idx_back_over_stale_entries.bin");
+}
+
 #[test]
 fn structured_inputs_reach_the_handlers() {
     // Not vacuous: a hand-made input pops chains and discards something.

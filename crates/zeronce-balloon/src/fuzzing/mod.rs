@@ -7,7 +7,7 @@
 //! backing, or crossing a region; a reporting `used_len` other than 0 or the chain
 //! length; an inflate `used_len` longer than the PFN count allows; an error from guest
 //! input that is not of a named malformed class (a "VMM error"); a descriptor returned
-//! more often than it was made available (an invalid head never); a zero promise that is
+//! more often than the device popped it (an invalid head never); a zero promise that is
 //! false in memory (the recording discarder really writes zeros); a call serving more
 //! than a queue's worth of chains, or held work past its bound; or a device that no
 //! longer serves a well-formed request after reset. Guest memory also changes *during*
@@ -171,17 +171,15 @@ impl Harness {
                 let heads: Vec<_> = (0..n)
                     .filter_map(|i| self.add_plausible(c, q, Some(u64::from(i))))
                     .collect();
-                let r = self.notify(u16::try_from(q).unwrap_or(u16::MAX));
-                if r.is_some_and(|r| !r.more) {
-                    for (head, p) in heads {
-                        self.oracle.expect(q, head, p);
-                    }
+                drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), None));
+                for (head, before, p) in heads {
+                    self.oracle.expect(q, head, before, p);
                 }
             }
             13 => {
                 let q = usize::from(c.u8()) % nq;
                 let mode = c.u8();
-                self.notify_hooked(q, mode);
+                drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), Some(mode)));
             }
             10 | 11 => {
                 let q = usize::from(c.u8()) % nq;
@@ -201,7 +199,7 @@ impl Harness {
                 let _ = self.mem.write_slice(&bytes, GuestAddress(at));
                 self.oracle.forget();
             }
-            3 | 4 => drop(self.notify(u16::from(c.u8() % 6))),
+            3 | 4 => drop(self.notify(u16::from(c.u8() % 6), None)),
             5 => {
                 let at = self.t0 + Duration::from_millis(u64::from(c.u8()));
                 self.dev
@@ -252,32 +250,22 @@ impl Harness {
         }
     }
 
-    /// Sets queue `q`'s available index; entries it exposes count as published.
+    /// Sets queue `q`'s available index (anywhere: the device may see stale entries).
     fn set_avail_idx(&mut self, q: usize, idx: u16) {
-        let Some(dq) = self.queues.get_mut(q) else {
-            return;
-        };
-        let avail = dq.addrs().avail.0;
-        let old: u16 = self.mem.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
-        let _ = dq.set_avail_idx(&self.mem, idx);
-        let n = idx.wrapping_sub(old);
-        if n <= QUEUE_SIZE {
-            for k in 0..n {
-                let slot = avail + 4 + 2 * u64::from(old.wrapping_add(k) % QUEUE_SIZE);
-                let head: u16 = self.mem.read_obj(GuestAddress(slot)).unwrap_or(u16::MAX);
-                self.oracle.published(q, head);
-            }
+        if let Some(dq) = self.queues.get_mut(q) {
+            let _ = dq.set_avail_idx(&self.mem, idx);
         }
         self.oracle.forget();
     }
 
-    /// Adds a well-formed request for queue `q`; returns its head and promise.
+    /// Adds a well-formed request for queue `q`; returns its head, how many times the
+    /// device had popped that head without returning it, and the request's promise.
     fn add_plausible(
         &mut self,
         c: &mut Cursor<'_>,
         q: usize,
         slot: Option<u64>,
-    ) -> Option<(u16, Promise)> {
+    ) -> Option<(u16, u32, Promise)> {
         let kind = self
             .dev
             .layout()
@@ -285,52 +273,65 @@ impl Harness {
         let bitmap = self.dev.negotiated().is_some_and(|n| n.inflate_bitmap());
         let (bufs, promise) = plausible_request(c, &self.mem, kind, bitmap, slot);
         let head = self.queues.get_mut(q)?.add_chain(&self.mem, &bufs).ok()?;
-        self.oracle.published(q, head);
-        Some((head, promise?))
+        Some((head, self.oracle.outstanding(q, head), promise?))
     }
 
-    /// Notifies queue `q` through memory that publishes more heads while the device pops
-    /// (a guest keeping pace, some heads invalid), then resynchronises the driver side.
-    fn notify_hooked(&mut self, q: usize, mode: u8) {
+    /// Notifies queue `index` (which may not exist) through memory that records each
+    /// available entry the device reads: what it popped, which is what the guest made
+    /// available whatever it did to `avail.idx` ([`Oracle::popped`]). With `publish`,
+    /// the guest also publishes a head each time the device reads an entry (keeping
+    /// pace; some heads invalid when `mode` is odd), and the driver side resynchronises.
+    fn notify(&mut self, index: u16, publish: Option<u8>) -> Option<QueueReport> {
+        let q = usize::from(index);
         let Some(avail) = self.queues.get(q).map(|dq| dq.addrs().avail.0) else {
-            return;
+            let r = self.dev.process_queue_at(&self.mem, index, self.t0);
+            return self.account(r);
         };
-        let published = std::cell::RefCell::new(Vec::new());
+        let entries = avail + 4..avail + 4 + 2 * u64::from(QUEUE_SIZE);
+        let popped = std::cell::RefCell::new(Vec::new());
         let mut budget = 3 * u32::from(QUEUE_SIZE);
         let hook = |m: &GuestMemoryMmap, at: GuestAddress| {
-            let entry = (avail + 4..avail + 4 + 2 * u64::from(QUEUE_SIZE)).contains(&at.0);
-            if !entry || budget == 0 {
+            if !entries.contains(&at.0) {
                 return;
             }
-            budget -= 1;
-            let idx: u16 = m.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
-            let head = if mode & 1 == 1 && budget % 5 == 0 {
-                u16::MAX
-            } else {
-                (idx ^ u16::from(mode)) % QUEUE_SIZE
-            };
-            let slot = GuestAddress(avail + 4 + 2 * u64::from(idx % QUEUE_SIZE));
-            if m.write_obj(head, slot).is_ok()
-                && m.write_obj(idx.wrapping_add(1), GuestAddress(avail + 2))
-                    .is_ok()
-            {
-                published.borrow_mut().push(head);
+            if let Some(mode) = publish.filter(|_| budget > 0) {
+                budget -= 1;
+                let idx: u16 = m.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
+                let head = if mode & 1 == 1 && budget % 5 == 0 {
+                    u16::MAX
+                } else {
+                    (idx ^ u16::from(mode)) % QUEUE_SIZE
+                };
+                let slot = GuestAddress(avail + 4 + 2 * u64::from(idx % QUEUE_SIZE));
+                if m.write_obj(head, slot).is_ok() {
+                    let _ = m.write_obj(idx.wrapping_add(1), GuestAddress(avail + 2));
+                }
+            }
+            // The device reads this entry next (after the guest's write, if any).
+            if let Ok(head) = m.read_obj::<u16>(at) {
+                popped.borrow_mut().push(head);
             }
         };
-        self.oracle.forget();
+        if publish.is_some() {
+            self.oracle.forget();
+        }
         let hooked = HookedMemory::new(self.mem.clone(), hook);
-        let r = self
-            .dev
-            .process_queue_at(&hooked, u16::try_from(q).unwrap_or(u16::MAX), self.t0);
+        let r = self.dev.process_queue_at(&hooked, index, self.t0);
         drop(hooked);
-        let idx: u16 = self.mem.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
-        if let Some(dq) = self.queues.get_mut(q) {
-            let _ = dq.set_avail_idx(&self.mem, idx);
+        if publish.is_some() {
+            let idx: u16 = self.mem.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
+            if let Some(dq) = self.queues.get_mut(q) {
+                let _ = dq.set_avail_idx(&self.mem, idx);
+            }
         }
-        for head in published.into_inner() {
-            self.oracle.published(q, head);
+        let popped = popped.into_inner();
+        if let Ok(r) = &r {
+            assert_eq!(popped.len(), r.chains, "pops seen by the hook");
         }
-        self.account(r);
+        for head in popped {
+            self.oracle.popped(q, head);
+        }
+        self.account(r)
     }
 
     /// Counts a call's report and checks its bounds; an error must be a named class.
@@ -353,14 +354,12 @@ impl Harness {
     }
 
     /// A request shaped for queue `q`'s kind, added and notified; its promise is
-    /// checked when it is used (if this call popped it: nothing was left available).
+    /// checked when it is used ([`Oracle::expect`] says when it can be).
     fn plausible_request(&mut self, c: &mut Cursor<'_>, q: usize) {
         let added = self.add_plausible(c, q, None);
-        let r = self.notify(u16::try_from(q).unwrap_or(u16::MAX));
-        if let (Some((head, p)), Some(r)) = (added, r) {
-            if !r.more {
-                self.oracle.expect(q, head, p);
-            }
+        drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), None));
+        if let Some((head, before, p)) = added {
+            self.oracle.expect(q, head, before, p);
         }
     }
 
@@ -373,12 +372,8 @@ impl Harness {
                 writable: c.u8() & 1 == 1,
             })
             .collect();
-        if let Some(Ok(head)) = self
-            .queues
-            .get_mut(q)
-            .map(|dq| dq.add_chain(&self.mem, &bufs))
-        {
-            self.oracle.published(q, head);
+        if let Some(dq) = self.queues.get_mut(q) {
+            let _ = dq.add_chain(&self.mem, &bufs);
         }
     }
 
@@ -393,16 +388,8 @@ impl Harness {
         self.oracle.forget();
         if let Some(dq) = self.queues.get_mut(q) {
             let _ = dq.write_desc(&self.mem, i, a, l, f, n);
-            if dq.publish(&self.mem, head).is_ok() {
-                self.oracle.published(q, head);
-            }
+            let _ = dq.publish(&self.mem, head);
         }
-    }
-
-    /// Notifies queue `index` (which may not exist).
-    fn notify(&mut self, index: u16) -> Option<QueueReport> {
-        let r = self.dev.process_queue_at(&self.mem, index, self.t0);
-        self.account(r)
     }
 
     /// Completes held work, checks the end-of-run invariants, and says what the run did.

@@ -1,5 +1,5 @@
 //! What the harness checks beyond "nothing panicked": every descriptor is returned at
-//! most as often as the guest made it available, and every zero promise (an inflate
+//! most as often as the device popped it from the available ring, and every zero promise (an inflate
 //! bitmap bit, a reporting `used_len` under bit 6) is true in guest memory when the
 //! descriptor comes back (the recording discarder really writes the zeros).
 
@@ -18,7 +18,7 @@ pub(super) enum Promise {
     Report { blocks: Vec<(u64, u64)>, total: u32 },
 }
 
-/// Per queue: availabilities not yet used, and the promises recorded per head.
+/// Per queue: heads popped and not yet used, and the promises recorded per head.
 #[derive(Debug, Default)]
 pub(super) struct Oracle {
     avail: Vec<[u32; QUEUE_SIZE as usize]>,
@@ -34,8 +34,10 @@ impl Oracle {
         self.promises = vec![vec![None; usize::from(QUEUE_SIZE)]; n];
     }
 
-    /// The guest made `head` of queue `q` available (once more).
-    pub fn published(&mut self, q: usize, head: u16) {
+    /// The device read `head` from queue `q`'s available ring (the guest made it
+    /// available once more). Counted when read, not when the guest wrote it: a guest
+    /// moving `avail.idx` back and forth exposes stale entries again.
+    pub fn popped(&mut self, q: usize, head: u16) {
         if let Some(n) = self
             .avail
             .get_mut(q)
@@ -45,8 +47,24 @@ impl Oracle {
         }
     }
 
-    /// Records what `head` of queue `q` promises when used.
-    pub fn expect(&mut self, q: usize, head: u16, p: Promise) {
+    /// How many times `head` of queue `q` was popped and not yet used.
+    pub fn outstanding(&self, q: usize, head: u16) -> u32 {
+        self.avail
+            .get(q)
+            .and_then(|a| a.get(usize::from(head)))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Records what `head` of queue `q` promises when used, if its use can only be the
+    /// request just written: the head was not in flight before the notification
+    /// (`before` pops outstanding: 0) and was popped exactly once by it. A head the
+    /// device still held when the guest published it again is refused and never used;
+    /// the use that follows is the held request's, with its own promise.
+    pub fn expect(&mut self, q: usize, head: u16, before: u32, p: Promise) {
+        if before != 0 || self.outstanding(q, head) != 1 {
+            return;
+        }
         if let Some(slot) = self
             .promises
             .get_mut(q)
@@ -63,7 +81,7 @@ impl Oracle {
         }
     }
 
-    /// The device used `id` on queue `q` with `len`: it was available, and what its
+    /// The device used `id` on queue `q` with `len`: it was popped, and what its
     /// request promised holds in `mem`.
     pub fn used(
         &mut self,
@@ -78,7 +96,7 @@ impl Oracle {
         let n = &mut self.avail[q][head];
         assert!(
             *n > 0,
-            "queue {q}: descriptor {id} returned more often than it was made available"
+            "queue {q}: descriptor {id} returned more often than it was popped"
         );
         *n -= 1;
         let Some(p) = self.promises[q][head].take() else {

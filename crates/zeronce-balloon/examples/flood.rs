@@ -2,7 +2,8 @@
 //! the time of the one `process_queue` call and the growth of this process's resident
 //! memory (VmRSS) across it. The figures in RELIABILITY.md come from
 //! `cargo run --release -p zeronce-balloon --example flood` (a debug build gives the
-//! same bounds, slower).
+//! same bounds, slower). Arguments: a substring of the rows to run, and the queue size
+//! of the reporting floods (default 32768).
 
 use std::time::{Duration, Instant};
 
@@ -79,6 +80,9 @@ fn measure(
     kind: QueueKind,
     fill: impl FnOnce(&GuestMemoryMmap, &mut DriverQueue),
 ) {
+    if std::env::args().nth(1).is_some_and(|f| !name.contains(&f)) {
+        return;
+    }
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (64 * MIB) as usize)])
         .expect("guest memory");
     let (mut dev, mut queues) = setup(&mem, size, policy);
@@ -102,12 +106,24 @@ fn measure(
     );
 }
 
+/// Writes at `DATA` one 256 KiB PFN array: 64 Ki scattered PFNs (every other page of
+/// 32 MiB, each 16 times), the most one inflate request may carry.
+fn write_pfn_array(m: &GuestMemoryMmap) {
+    let pfns: Vec<u8> = (0..64 * 1024u32)
+        .flat_map(|i| ((DATA >> 12) as u32 + (i % 4096) * 2).to_le_bytes())
+        .collect();
+    m.write_slice(&pfns, GuestAddress(DATA)).unwrap();
+}
+
 fn main() {
     let hold = DiscardPolicy::Hold(Duration::from_secs(3600));
     let now = DiscardPolicy::Immediate;
     println!("| flood | queue size | chains | malformed | held | time of the call | RSS growth | held work |");
     println!("|---|---|---|---|---|---|---|---|");
-    let big = 32768u16;
+    let big: u16 = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32768);
     measure(
         "invalid heads (0xffff)",
         big,
@@ -170,11 +186,8 @@ fn main() {
     );
     let inflate_size = 256u16;
     let full_inflate = |m: &GuestMemoryMmap, q: &mut DriverQueue| {
-        // One 256 KiB array of 64 Ki scattered PFNs, published on every head.
-        let pfns: Vec<u8> = (0..64 * 1024u32)
-            .flat_map(|i| ((DATA >> 12) as u32 + (i % 4096) * 2).to_le_bytes())
-            .collect();
-        m.write_slice(&pfns, GuestAddress(DATA)).unwrap();
+        // One array, published on every head.
+        write_pfn_array(m);
         q.write_desc(m, 0, DATA, 4 * 64 * 1024, 0, 0).unwrap();
         for _ in 0..inflate_size {
             q.publish(m, 0).unwrap();
@@ -187,11 +200,19 @@ fn main() {
         QueueKind::Inflate,
         full_inflate,
     );
+    measure(
+        "one 64 Ki-PFN inflate",
+        inflate_size,
+        now,
+        QueueKind::Inflate,
+        |m, q| {
+            write_pfn_array(m);
+            q.write_desc(m, 0, DATA, 4 * 64 * 1024, 0, 0).unwrap();
+            q.publish(m, 0).unwrap();
+        },
+    );
     let distinct_inflates = |m: &GuestMemoryMmap, q: &mut DriverQueue| {
-        let pfns: Vec<u8> = (0..64 * 1024u32)
-            .flat_map(|i| ((DATA >> 12) as u32 + (i % 4096) * 2).to_le_bytes())
-            .collect();
-        m.write_slice(&pfns, GuestAddress(DATA)).unwrap();
+        write_pfn_array(m);
         for head in 0..inflate_size {
             q.write_desc(m, head, DATA, 4 * 64 * 1024, 0, 0).unwrap();
             q.publish(m, head).unwrap();

@@ -105,6 +105,11 @@ impl RangeSet {
             return;
         }
         if let Some((&s, &e)) = self.map.range(..=start).next_back() {
+            if e >= end {
+                // Already covered: the common case of a guest reporting the same blocks
+                // in every chain, where a remove and re-insert would dominate the batch.
+                return;
+            }
             if e >= start {
                 start = s;
                 end = end.max(e);
@@ -273,6 +278,13 @@ mod tests {
         assert_eq!(s.map.len(), 1, "touching ranges merge");
         s.insert(5, 45);
         assert_eq!(s.map.iter().next(), Some((&5, &45)));
+        s.insert(10, 45);
+        s.insert(5, 6);
+        assert_eq!(
+            s.map.iter().collect::<Vec<_>>(),
+            [(&5, &45)],
+            "covered ranges"
+        );
         assert!(!s.overlaps(7, 7), "empty range");
     }
 }

@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod alloc_once;
 pub mod churn;
+pub mod peers;
 pub mod prezero;
 pub mod progress;
 pub mod report_path;
@@ -76,6 +77,8 @@ pub enum Which {
     Churn(churn::ChurnArgs),
     /// RSS after freeing 4 GiB: Linux budget vs adaptive budget.
     RssFollow(rss_follow::RssFollowArgs),
+    /// zeronce as the global allocator vs glibc, jemalloc and mimalloc: fresh process per sample (needs `cargo build --release -p zeronce-peers`).
+    Peers(peers::PeersArgs),
     /// The hugetlb pre-zeroing series: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
     Prezero(prezero::PrezeroArgs),
     /// 1 GiB reported through process mode, VM mode (device thread) and VM mode over vhost-user (device in `zeronce serve`).
@@ -99,5 +102,6 @@ pub fn run(which: Which) -> BenchResult {
         Which::Prezero(args) => prezero::run(&args),
         Which::ReportPath(args) => report_path::run(&args),
         Which::VmStart(args) => vm_start::run(&args),
+        Which::Peers(args) => peers::run(&args),
     }
 }

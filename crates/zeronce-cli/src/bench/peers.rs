@@ -1,0 +1,295 @@
+//! `zeronce bench peers`: zeronce as a global allocator against glibc, jemalloc and
+//! mimalloc. The workload binaries (crate `zeronce-peers`) run the same code and differ
+//! only in `#[global_allocator]`; every sample is a fresh process, contenders interleaved
+//! (the order rotates each round), medians per contender and step.
+//!
+//! A sample is *cold* when its time exceeds twice the median of its contender and step:
+//! memory idle for seconds may be reclaimed by the machine's own host and faulted back.
+//! Cold samples are counted and shown, never dropped; the `*_warm` figures leave them out.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Args;
+use serde_json::{json, Map, Value};
+
+use super::stats::Summary;
+use super::{at_least_one, BenchResult};
+
+/// Options of `zeronce bench peers`.
+#[derive(Args, Clone, Debug)]
+pub struct PeersArgs {
+    /// Samples (fresh processes) per contender and step.
+    #[arg(long, default_value_t = 7, value_parser = at_least_one)]
+    pub samples: usize,
+    /// Seconds of the churn workload.
+    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
+    pub churn_secs: usize,
+    /// Buffers of 64 MiB of the application-like workload.
+    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
+    pub app_rounds: usize,
+    /// Where the `peer-*` binaries are (default: beside this program; build them with
+    /// `cargo build --release -p zeronce-peers`).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// Contenders: binary name → name in the results. glibc first: it also measures the floor.
+const CONTENDERS: [(&str, &str); 7] = [
+    ("peer-system", "glibc"),
+    ("peer-jemalloc", "jemalloc"),
+    ("peer-mimalloc", "mimalloc"),
+    ("peer-zeronce-zero-then-report", "zeronce-zero-then-report"),
+    ("peer-zeronce-immediate", "zeronce-immediate"),
+    ("peer-zeronce-hold", "zeronce-hold"),
+    ("peer-zeronce-lazy", "zeronce-lazy"),
+];
+/// Peers that are not zeronce.
+const PEERS: [&str; 3] = ["glibc", "jemalloc", "mimalloc"];
+/// The contender the targets are about (the default policy of `ProcessBackend`).
+const ZERONCE: &str = "zeronce-zero-then-report";
+/// The reuse delays, in milliseconds.
+const DELAYS: [u64; 3] = [0, 100, 3000];
+
+/// A step: workload arguments and the field that is its time.
+struct Step {
+    name: String,
+    args: Vec<String>,
+    time_field: &'static str,
+    /// Only glibc runs it (the floor).
+    glibc_only: bool,
+}
+
+fn steps(a: &PeersArgs) -> Vec<Step> {
+    let mut v = vec![Step {
+        name: "floor".into(),
+        args: vec!["floor".into()],
+        time_field: "cpu_ms",
+        glibc_only: true,
+    }];
+    for d in DELAYS {
+        v.push(Step {
+            name: format!("reuse_{d}ms"),
+            // RSS 5 s after the free is read once, after the reuse at once.
+            args: vec![
+                "reuse".into(),
+                d.to_string(),
+                if d == 0 { "5" } else { "0" }.into(),
+            ],
+            time_field: "cpu_ms",
+            glibc_only: false,
+        });
+    }
+    v.push(Step {
+        name: "churn".into(),
+        args: vec!["churn".into(), a.churn_secs.to_string()],
+        time_field: "",
+        glibc_only: false,
+    });
+    v.push(Step {
+        name: "app".into(),
+        args: vec!["app".into(), a.app_rounds.to_string()],
+        time_field: "wall_ms",
+        glibc_only: false,
+    });
+    v
+}
+
+fn bin_dir(a: &PeersArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    if let Some(d) = &a.bin_dir {
+        return Ok(d.clone());
+    }
+    let exe = std::env::current_exe()?;
+    Ok(exe.parent().map(Path::to_path_buf).unwrap_or_default())
+}
+
+/// Runs one sample; its JSON object.
+fn sample(bin: &Path, args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
+    let out = Command::new(bin).args(args).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {args:?} failed ({}): {}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().ok_or("no output")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+/// Samples per step name and contender.
+type Results = BTreeMap<String, BTreeMap<&'static str, Vec<Value>>>;
+
+fn median(samples: &[Value], field: &str) -> Option<f64> {
+    let v: Vec<f64> = samples.iter().filter_map(|s| s[field].as_f64()).collect();
+    Summary::of(&v).map(|s| s.median)
+}
+
+/// Median of `field` over the samples whose `time` is at most twice the median time, and
+/// the number of the others (cold).
+fn warm_median(samples: &[Value], field: &str, time: &str) -> (Option<f64>, usize) {
+    let Some(m) = median(samples, time) else {
+        return (None, 0);
+    };
+    let warm: Vec<Value> = samples
+        .iter()
+        .filter(|s| s[time].as_f64().is_some_and(|t| t <= 2.0 * m))
+        .cloned()
+        .collect();
+    (median(&warm, field), samples.len() - warm.len())
+}
+
+fn summarise(results: &Results, steps: &[Step]) -> Value {
+    let mut out = Map::new();
+    for step in steps {
+        let mut per = Map::new();
+        for (contender, samples) in &results[&step.name] {
+            let mut fields = Map::new();
+            let keys: Vec<String> = samples
+                .first()
+                .and_then(Value::as_object)
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default();
+            for k in keys
+                .iter()
+                .filter(|k| samples[0][k.as_str()].is_f64() || samples[0][k.as_str()].is_u64())
+            {
+                fields.insert(format!("{k}_median"), json!(median(samples, k)));
+            }
+            if !step.time_field.is_empty() {
+                let (warm, cold) = warm_median(samples, step.time_field, step.time_field);
+                fields.insert(format!("{}_warm_median", step.time_field), json!(warm));
+                fields.insert("cold_samples".into(), json!(cold));
+                let times: Vec<Value> =
+                    samples.iter().map(|s| s[step.time_field].clone()).collect();
+                let idle: Vec<Value> = samples.iter().map(|s| s["idle_ms"].clone()).collect();
+                fields.insert(format!("{}_samples", step.time_field), json!(times));
+                fields.insert("idle_ms_samples".into(), json!(idle));
+            }
+            per.insert((*contender).into(), Value::Object(fields));
+        }
+        out.insert(step.name.clone(), Value::Object(per));
+    }
+    Value::Object(out)
+}
+
+/// Medians of `field` in `step` for each contender.
+fn medians(results: &Results, step: &str, field: &str) -> BTreeMap<&'static str, f64> {
+    results[step]
+        .iter()
+        .filter_map(|(c, s)| median(s, field).map(|m| (*c, m)))
+        .collect()
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => json!(a / b),
+        _ => Value::Null,
+    }
+}
+
+fn best(m: &BTreeMap<&'static str, f64>, who: &[&str], lowest: bool) -> Option<f64> {
+    let v = who.iter().filter_map(|c| m.get(c).copied());
+    if lowest {
+        v.reduce(f64::min)
+    } else {
+        v.reduce(f64::max)
+    }
+}
+
+/// The targets of the issue, as ratios measured in this run.
+fn targets(results: &Results) -> Value {
+    let floor = median(&results["floor"]["glibc"], "cpu_ms");
+    let r0 = medians(results, "reuse_0ms", "cpu_ms");
+    let r100 = medians(results, "reuse_100ms", "cpu_ms");
+    let z = |m: &BTreeMap<&str, f64>| m.get(ZERONCE).copied();
+    // Reused after 3 s: warm medians; peers that returned the memory while idle.
+    let warm3: BTreeMap<&str, f64> = results["reuse_3000ms"]
+        .iter()
+        .filter_map(|(c, s)| warm_median(s, "cpu_ms", "cpu_ms").0.map(|m| (*c, m)))
+        .collect();
+    let idle3 = medians(results, "reuse_3000ms", "rss_idle_mib");
+    let returning: Vec<&str> = PEERS
+        .iter()
+        .copied()
+        .filter(|p| idle3.get(p).is_some_and(|&r| r < 64.0))
+        .collect();
+    let idle5 = medians(results, "reuse_0ms", "rss_idle_after_free_mib");
+    let tput = medians(results, "churn", "throughput_mib_s");
+    let peak = medians(results, "churn", "peak_rss_mib");
+    let app = medians(results, "app", "wall_ms");
+    json!({
+        "floor_cpu_ms": floor,
+        "ratio_zeronce_over_floor_reuse_0ms": ratio(z(&r0), floor),
+        "ratio_zeronce_over_floor_reuse_100ms": ratio(z(&r100), floor),
+        "ratio_zeronce_over_glibc_reuse_100ms": ratio(z(&r100), r100.get("glibc").copied()),
+        "ratio_zeronce_over_jemalloc_reuse_100ms": ratio(z(&r100), r100.get("jemalloc").copied()),
+        "ratio_zeronce_over_best_peer_reuse_100ms": ratio(z(&r100), best(&r100, &PEERS, true)),
+        "zeronce_idle_rss_mib": idle5.get(ZERONCE),
+        "returning_peers_3s": returning,
+        "ratio_zeronce_over_best_returning_peer_reuse_3s": ratio(z(&warm3), best(&warm3, &returning, true)),
+        "ratio_zeronce_over_best_peer_churn_throughput": ratio(tput.get(ZERONCE).copied(), best(&tput, &PEERS, false)),
+        "zeronce_churn_peak_rss_mib": peak.get(ZERONCE),
+        "best_peer_churn_peak_rss_mib": PEERS.iter().copied().max_by(|a, b| tput.get(a).unwrap_or(&0.0).total_cmp(tput.get(b).unwrap_or(&0.0))).and_then(|p| peak.get(p)),
+        "ratio_zeronce_over_best_peer_app_wall": ratio(app.get(ZERONCE).copied(), best(&app, &PEERS, true)),
+    })
+}
+
+/// Runs the benchmark; prints one JSON object.
+pub fn run(a: &PeersArgs) -> BenchResult {
+    let dir = bin_dir(a)?;
+    let contenders: Vec<(PathBuf, &'static str)> = CONTENDERS
+        .iter()
+        .map(|(bin, name)| (dir.join(bin), *name))
+        .collect();
+    if let Some((missing, _)) = contenders.iter().find(|(p, _)| !p.exists()) {
+        return Err(format!(
+            "{} not found: build the workloads with `cargo build --release -p zeronce-peers` \
+             (or pass --bin-dir)",
+            missing.display()
+        )
+        .into());
+    }
+    let steps = steps(a);
+    let mut results: Results = BTreeMap::new();
+    for round in 0..a.samples {
+        for step in &steps {
+            let n = contenders.len();
+            for k in 0..n {
+                let (bin, name) = &contenders[(k + round) % n];
+                if step.glibc_only && *name != "glibc" {
+                    continue;
+                }
+                eprintln!("round {round} {} {name}", step.name);
+                let s = sample(bin, &step.args)?;
+                results
+                    .entry(step.name.clone())
+                    .or_default()
+                    .entry(name)
+                    .or_default()
+                    .push(s);
+            }
+        }
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim);
+    let report = json!({
+        "bench": "peers",
+        "samples": a.samples,
+        "churn_secs": a.churn_secs,
+        "app_rounds": a.app_rounds,
+        "cpu": model,
+        "targets": targets(&results),
+        "steps": summarise(&results, &steps),
+    });
+    println!("{report}");
+    Ok(())
+}

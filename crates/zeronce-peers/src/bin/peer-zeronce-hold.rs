@@ -1,0 +1,12 @@
+//! The workloads under zeronce, host policy `Hold(std::time::Duration::from_secs(2))`.
+use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+
+#[global_allocator]
+static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
+    std::alloc::System,
+    ProcessBackend::new().policy(HostPolicy::Hold(std::time::Duration::from_secs(2))),
+);
+
+fn main() {
+    zeronce_peers::main("zeronce-hold");
+}

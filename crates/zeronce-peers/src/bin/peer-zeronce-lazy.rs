@@ -1,0 +1,12 @@
+//! The workloads under zeronce, host policy `Lazy`.
+use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+
+#[global_allocator]
+static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
+    std::alloc::System,
+    ProcessBackend::new().policy(HostPolicy::Lazy),
+);
+
+fn main() {
+    zeronce_peers::main("zeronce-lazy");
+}

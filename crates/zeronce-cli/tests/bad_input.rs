@@ -134,3 +134,21 @@ fn pool_and_vm_start_arguments_are_checked() {
         "is `zeronce pool serve` running?",
     );
 }
+
+#[test]
+fn bench_peers_without_its_binaries_says_how_to_build_them() {
+    let dir = std::env::temp_dir().join(format!("zeronce-no-peers-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("release")).expect("create a temporary directory");
+    let bin_dir = dir.join("release");
+    let args = format!("bench peers --bin-dir {}", bin_dir.display());
+    refused(&args, 1, "peer-jemalloc, peer-mimalloc");
+    refused(
+        &args,
+        1,
+        &format!(
+            "cargo build --release --manifest-path crates/zeronce-peers/Cargo.toml --target-dir {}",
+            dir.display()
+        ),
+    );
+    std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
+}

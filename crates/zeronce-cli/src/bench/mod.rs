@@ -77,7 +77,7 @@ pub enum Which {
     Churn(churn::ChurnArgs),
     /// RSS after freeing 4 GiB: Linux budget vs adaptive budget.
     RssFollow(rss_follow::RssFollowArgs),
-    /// zeronce as the global allocator vs glibc, jemalloc and mimalloc: fresh process per sample (needs `cargo build --release -p zeronce-peers`).
+    /// zeronce as the global allocator vs glibc, jemalloc and mimalloc: a fresh process per sample (its workload binaries are built apart; it says how when they are missing).
     Peers(peers::PeersArgs),
     /// The hugetlb pre-zeroing series: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
     Prezero(prezero::PrezeroArgs),

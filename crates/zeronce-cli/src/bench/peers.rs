@@ -29,8 +29,9 @@ pub struct PeersArgs {
     /// Buffers of 64 MiB of the application-like workload.
     #[arg(long, default_value_t = 16, value_parser = at_least_one)]
     pub app_rounds: usize,
-    /// Where the `peer-*` binaries are (default: beside this program; build them with
-    /// `cargo build --release -p zeronce-peers`).
+    /// Where the `peer-*` binaries are (default: beside this program; build them there with
+    /// `cargo build --release --manifest-path crates/zeronce-peers/Cargo.toml --target-dir
+    /// target`).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
 }
@@ -102,6 +103,46 @@ fn bin_dir(a: &PeersArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
     }
     let exe = std::env::current_exe()?;
     Ok(exe.parent().map(Path::to_path_buf).unwrap_or_default())
+}
+
+/// The command that builds the workload binaries into `dir`, when `dir` is a cargo
+/// profile directory (`TARGET/release`, `TARGET/debug`).
+fn build_command(dir: &Path) -> String {
+    let manifest = "--manifest-path crates/zeronce-peers/Cargo.toml";
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("release") => "--release ",
+        Some("debug") => "",
+        _ => return format!("cargo build --release {manifest}, then pass --bin-dir"),
+    };
+    let target = dir.parent().unwrap_or(Path::new("target")).display();
+    format!("cargo build {profile}{manifest} --target-dir {target}")
+}
+
+/// The contenders' binaries in `dir`, or an error naming the missing ones and the command
+/// that builds them.
+fn contenders(dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, Box<dyn std::error::Error>> {
+    let all: Vec<(PathBuf, &'static str)> = CONTENDERS
+        .iter()
+        .map(|(bin, name)| (dir.join(bin), *name))
+        .collect();
+    let missing: Vec<&str> = CONTENDERS
+        .iter()
+        .zip(&all)
+        .filter(|(_, (path, _))| !path.is_file())
+        .map(|((bin, _), _)| *bin)
+        .collect();
+    if missing.is_empty() {
+        return Ok(all);
+    }
+    Err(format!(
+        "the peer workload binaries are not built ({} missing in {}): they are a cargo \
+         workspace of their own (jemalloc and mimalloc are C code, not built with zeronce); \
+         from the repository root run `{}`",
+        missing.join(", "),
+        dir.display(),
+        build_command(dir)
+    )
+    .into())
 }
 
 /// Runs one sample; its JSON object.
@@ -241,19 +282,7 @@ fn targets(results: &Results) -> Value {
 
 /// Runs the benchmark; prints one JSON object.
 pub fn run(a: &PeersArgs) -> BenchResult {
-    let dir = bin_dir(a)?;
-    let contenders: Vec<(PathBuf, &'static str)> = CONTENDERS
-        .iter()
-        .map(|(bin, name)| (dir.join(bin), *name))
-        .collect();
-    if let Some((missing, _)) = contenders.iter().find(|(p, _)| !p.exists()) {
-        return Err(format!(
-            "{} not found: build the workloads with `cargo build --release -p zeronce-peers` \
-             (or pass --bin-dir)",
-            missing.display()
-        )
-        .into());
-    }
+    let contenders = contenders(&bin_dir(a)?)?;
     let steps = steps(a);
     let mut results: Results = BTreeMap::new();
     for round in 0..a.samples {

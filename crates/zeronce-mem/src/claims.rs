@@ -76,6 +76,31 @@ fn pieces(first: usize, end: usize) -> impl Iterator<Item = Piece> {
     })
 }
 
+/// The piece of pages `[first, end)` when they make one (pages inside one group, or whole
+/// groups inside one level-1 word: every naturally aligned block of up to 4096 pages), so
+/// the common claim of one buddy block skips the general walk of [`pieces`].
+#[inline]
+fn single_piece(first: usize, end: usize) -> Option<Piece> {
+    let group = first / GROUP;
+    let group_end = (group + 1) * GROUP;
+    let whole = first.is_multiple_of(GROUP) && end.is_multiple_of(GROUP);
+    if end <= group_end && !(whole && end == group_end) {
+        let base = group * GROUP;
+        return Some(Piece::Pages {
+            word: group,
+            mask: mask(first - base, end - base),
+        });
+    }
+    let word = group / 64;
+    if !whole || (end / GROUP - 1) / 64 != word {
+        return None;
+    }
+    Some(Piece::Groups {
+        word,
+        mask: mask(group - word * 64, end / GROUP - word * 64),
+    })
+}
+
 impl ClaimMap {
     /// The map of `pages` pages, none claimed.
     pub(crate) fn new(pages: usize) -> Self {
@@ -89,7 +114,11 @@ impl ClaimMap {
 
     /// Claims pages `[first, end)` if no live claim holds any of them; else rolls back
     /// and returns a page that was busy.
+    #[inline]
     pub(crate) fn try_claim(&self, first: usize, end: usize) -> Result<(), usize> {
+        if let Some(piece) = single_piece(first, end) {
+            return self.take(piece);
+        }
         for (taken, piece) in pieces(first, end).enumerate() {
             if let Err(busy) = self.take(piece) {
                 pieces(first, end).take(taken).for_each(|p| self.give(p));
@@ -100,11 +129,16 @@ impl ClaimMap {
     }
 
     /// Releases pages `[first, end)`, claimed by one successful [`ClaimMap::try_claim`].
+    #[inline]
     pub(crate) fn release(&self, first: usize, end: usize) {
-        pieces(first, end).for_each(|p| self.give(p));
+        match single_piece(first, end) {
+            Some(piece) => self.give(piece),
+            None => pieces(first, end).for_each(|p| self.give(p)),
+        }
     }
 
     /// Sets the bits of `piece` (none may be set), then checks the other level.
+    #[inline]
     fn take(&self, piece: Piece) -> Result<(), usize> {
         let (word, mask, base) = match piece {
             Piece::Pages { word, mask } => (&self.pages[word], mask, word * GROUP),
@@ -155,6 +189,7 @@ impl ClaimMap {
         }
     }
 
+    #[inline]
     fn give(&self, piece: Piece) {
         match piece {
             Piece::Pages { word, mask } => self.pages[word].fetch_and(!mask, SeqCst),
@@ -184,6 +219,26 @@ mod tests {
         assert_eq!(p.len(), 4);
         assert_eq!(pieces(128, 192).count(), 1);
         assert_eq!(pieces(5, 6).count(), 1);
+    }
+
+    #[test]
+    fn single_piece_is_the_walk_when_the_walk_has_one_piece() {
+        let starts = [0, 1, 5, 63, 64, 100, 4032, 4096, 4160, 8191];
+        for first in starts {
+            for len in [1, 2, 7, 8, 59, 63, 64, 65, 128, 512, 4000, 4096, 4097, 8192] {
+                let end = first + len;
+                let walk: Vec<_> = pieces(first, end).collect();
+                let single = single_piece(first, end);
+                match (walk.as_slice(), single) {
+                    ([Piece::Pages { word, mask }], Some(Piece::Pages { word: w, mask: m }))
+                    | ([Piece::Groups { word, mask }], Some(Piece::Groups { word: w, mask: m })) => {
+                        assert_eq!((*word, *mask), (w, m), "{first}..{end}");
+                    }
+                    ([_, _, ..], None) => {}
+                    (walk, single) => panic!("{first}..{end}: walk {walk:?}, single {single:?}"),
+                }
+            }
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! [`crate::VmMemory`], Linux's per-CPU page lists in user space.
 //!
 //! A handful of [`PcpCache`]s (one per CPU the process may run on), each behind its own
-//! lock on its own cache line; a thread always uses the same one (threads are spread over
-//! them round robin). Non-zero allocations and dirty frees of orders up to
+//! lock on its own cache line; a thread always uses the same one (live threads are spread
+//! over them). Non-zero allocations and dirty frees of orders up to
 //! [`PCP_MAX_ORDER`] take no shared lock, so threads do not contend, as Linux's
 //! `pcp->lock`, which is a per-CPU spinlock taken with a trylock. Everything else goes to
 //! the manager.
@@ -13,8 +13,6 @@
 //! They go back to the zone when an allocation would otherwise fail, on
 //! [`ThreadCaches::drain`] (before a flush reports everything) and on drop.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use zeronce_mm::sync::lock;
@@ -23,46 +21,23 @@ use zeronce_mm::{
     PcpCache, PCP_MAX_ORDER,
 };
 
-/// A cache on a cache line of its own (no false sharing between threads).
-#[repr(align(128))]
-struct Slot(Mutex<PcpCache<Arc<MemoryManager>>>);
+use crate::threads::PerThread;
 
 /// Per-thread caches in front of one manager (see the module docs).
 pub(crate) struct ThreadCaches {
-    slots: Box<[Slot]>,
-}
-
-/// Threads seen so far: each takes the next number, its cache is that number modulo the
-/// number of caches.
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn thread_number() -> usize {
-    THREAD.with(|t| {
-        t.get().unwrap_or_else(|| {
-            let n = THREADS.fetch_add(1, Relaxed);
-            t.set(Some(n));
-            n
-        })
-    })
+    slots: PerThread<Mutex<PcpCache<Arc<MemoryManager>>>>,
 }
 
 impl ThreadCaches {
     /// One cache per CPU this process may run on.
     pub(crate) fn new(mm: &Arc<MemoryManager>) -> Self {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get().min(64));
         ThreadCaches {
-            slots: (0..n)
-                .map(|_| Slot(Mutex::new(PcpCache::new(Arc::clone(mm)))))
-                .collect(),
+            slots: PerThread::new(|| Mutex::new(PcpCache::new(Arc::clone(mm)))),
         }
     }
 
     fn mine(&self) -> MutexGuard<'_, PcpCache<Arc<MemoryManager>>> {
-        lock(&self.slots[thread_number() % self.slots.len()].0)
+        lock(self.slots.mine())
     }
 
     /// Allocates from the calling thread's cache (small non-zero requests) or the
@@ -106,7 +81,7 @@ impl ThreadCaches {
     /// Gives every cached block back to the manager.
     pub(crate) fn drain(&self) {
         for slot in self.slots.iter() {
-            lock(&slot.0).drain();
+            lock(slot).drain();
         }
     }
 }

@@ -14,6 +14,7 @@ use zeronce_mm::{
 use crate::caches::ThreadCaches;
 use crate::claimed::ClaimedBytes;
 use crate::error::Error;
+use crate::threads::PerThread;
 use crate::zeroing::background::BackgroundZeroer;
 use crate::zeroing::zeromap::{Site, ZeroMap};
 use crate::zeroing::RamZeroer;
@@ -188,23 +189,55 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
     }
 }
 
-/// Allocates a block of `order` from `owner` and claims its bytes.
+/// What a [`PageBlock`] holds of its owner: one of the owner's [`Owners`].
+#[repr(align(128))]
+pub(crate) struct OwnerRef(Arc<dyn BlockOwner>);
+
+impl std::ops::Deref for OwnerRef {
+    type Target = dyn BlockOwner;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+/// References to one owner, one per [`PerThread`] slot, each in an allocation and on a
+/// cache line of its own: a block takes a reference on the allocating thread's and drops
+/// it at free, so threads allocating and freeing at the same time do not all count on one
+/// shared reference count.
+pub(crate) struct Owners(PerThread<Arc<OwnerRef>>);
+
+impl Owners {
+    /// References to `owner`.
+    pub(crate) fn new(owner: &Arc<dyn BlockOwner>) -> Arc<Owners> {
+        Arc::new(Owners(PerThread::new(|| {
+            Arc::new(OwnerRef(Arc::clone(owner)))
+        })))
+    }
+
+    /// A reference for a block the calling thread allocates.
+    fn mine(&self) -> Arc<OwnerRef> {
+        Arc::clone(self.0.mine())
+    }
+}
+
+/// Allocates a block of `order` from `owners` and claims its bytes.
 pub(crate) fn alloc_block(
-    owner: Arc<dyn BlockOwner>,
+    owners: &Owners,
     order: Order,
     req: AllocRequest,
 ) -> Result<PageBlock, Error> {
-    alloc_prefix(owner, order, req, order.pages())
+    alloc_prefix(owners, order, req, order.pages())
 }
 
 /// [`alloc_block`] for a caller using only the first `used_pages` pages: a zero-request
 /// zeroes only those.
 pub(crate) fn alloc_prefix(
-    owner: Arc<dyn BlockOwner>,
+    owners: &Owners,
     order: Order,
     mut req: AllocRequest,
     used_pages: u64,
 ) -> Result<PageBlock, Error> {
+    let owner = owners.mine();
     let life = owner.life();
     if life.is_some_and(|l| l.init_on_alloc) {
         req.zeroed = true;
@@ -232,7 +265,7 @@ pub(crate) fn alloc_prefix(
 /// An allocated block of a [`crate::ProcessMemory`] or [`crate::VmMemory`]: owns its
 /// bytes; freed on drop (or with [`PageBlock::free`], which reports errors).
 pub struct PageBlock {
-    owner: Arc<dyn BlockOwner>,
+    owner: Arc<OwnerRef>,
     alloc: Allocation,
     /// Empty once freed.
     bytes: ClaimedBytes,

@@ -41,7 +41,7 @@ use zeronce_mm::reporting::{PassReport, ReporterHealth, ReportingConfig, Reporti
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
 use crate::error::Error;
-use crate::managed::{self, ManagedMemory, ManagerSettings, PageBlock};
+use crate::managed::{self, ManagedMemory, ManagerSettings, Owners, PageBlock};
 
 /// The driver of VM mode: over the guest's mapping of the ring area, to the device
 /// wherever it runs ([`DeviceHost`]).
@@ -288,14 +288,16 @@ impl VmBuilder {
             ring_gpa,
             "VM mode ready"
         );
+        let inner = Arc::new(ManagedMemory {
+            caches: crate::caches::ThreadCaches::new(&mm),
+            life: None,
+            reporter: Some(reporter),
+            mm,
+            ram,
+        });
         Ok(VmMemory {
-            inner: Arc::new(ManagedMemory {
-                caches: crate::caches::ThreadCaches::new(&mm),
-                life: None,
-                reporter: Some(reporter),
-                mm,
-                ram,
-            }),
+            owners: Owners::new(&(Arc::clone(&inner) as _)),
+            inner,
             metrics,
             negotiated,
             reporting_queue_index,
@@ -309,6 +311,8 @@ impl VmBuilder {
 #[derive(Clone)]
 pub struct VmMemory {
     inner: Arc<ManagedMemory<VmDriver>>,
+    /// What blocks hold of `inner`.
+    owners: Arc<Owners>,
     metrics: Arc<BalloonMetrics>,
     negotiated: FeatureSet,
     reporting_queue_index: u16,
@@ -370,7 +374,7 @@ impl VmMemory {
 
     /// Allocates with an explicit request (zeroing, hint page).
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        managed::alloc_block(Arc::clone(&self.inner) as _, order, req)
+        managed::alloc_block(&self.owners, order, req)
     }
 
     /// Reports up to `max_pages` free pages now through the virtqueue (ignoring delay

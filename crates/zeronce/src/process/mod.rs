@@ -32,7 +32,7 @@ use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
 pub use crate::managed::PageBlock;
-use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings};
+use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings, Owners};
 use crate::zeroing::background::{BackgroundZeroer, Target};
 use crate::zeroing::zeromap::ZeroMap;
 
@@ -190,14 +190,16 @@ impl Builder {
             init_on_free: self.init_on_free,
             init_on_alloc: self.init_on_alloc,
         };
+        let inner = Arc::new(ManagedMemory {
+            caches: crate::caches::ThreadCaches::new(&mm),
+            life: Some(life),
+            reporter,
+            mm,
+            ram,
+        });
         Ok(ProcessMemory {
-            inner: Arc::new(ManagedMemory {
-                caches: crate::caches::ThreadCaches::new(&mm),
-                life: Some(life),
-                reporter,
-                mm,
-                ram,
-            }),
+            owners: Owners::new(&(Arc::clone(&inner) as _)),
+            inner,
         })
     }
 }
@@ -208,6 +210,8 @@ type Inner = ManagedMemory<ProcessDevice>;
 #[derive(Clone)]
 pub struct ProcessMemory {
     inner: Arc<Inner>,
+    /// What blocks hold of `inner`.
+    owners: Arc<Owners>,
 }
 
 /// Counters of a [`ProcessMemory`].
@@ -249,7 +253,7 @@ impl ProcessMemory {
 
     /// Allocates with an explicit request (zeroing, hint page).
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        managed::alloc_block(Arc::clone(&self.inner) as _, order, req)
+        managed::alloc_block(&self.owners, order, req)
     }
 
     /// [`ProcessMemory::alloc_with`] for a caller that uses only the first `used_pages`
@@ -261,7 +265,7 @@ impl ProcessMemory {
         req: AllocRequest,
         used_pages: u64,
     ) -> Result<PageBlock, Error> {
-        managed::alloc_prefix(Arc::clone(&self.inner) as _, order, req, used_pages)
+        managed::alloc_prefix(&self.owners, order, req, used_pages)
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 
 use zeronce_mm::{Block, Order, PageRange, Pfn};
 
+use crate::threads::PerThread;
+
 /// Some part was handed out since the chunk was last freed whole: contents unknown, and
 /// perhaps in use (the zeroer leaves it alone).
 const USED: u8 = 0;
@@ -52,13 +54,13 @@ pub struct ZeroingStats {
     pub freed: u64,
 }
 
-#[derive(Default)]
 struct Counters {
     background: AtomicU64,
     alloc_path: AtomicU64,
     at_free: AtomicU64,
     skipped_by_map: AtomicU64,
-    freed: AtomicU64,
+    /// Per thread: every free adds to it, so threads do not share one cache line.
+    freed: PerThread<AtomicU64>,
 }
 
 /// Chunk states of one RAM (see the module docs).
@@ -93,7 +95,13 @@ impl ZeroMap {
         ZeroMap {
             chunk_order,
             chunks: (0..n).map(|_| AtomicU8::new(init)).collect(),
-            counters: Counters::default(),
+            counters: Counters {
+                background: AtomicU64::new(0),
+                alloc_path: AtomicU64::new(0),
+                at_free: AtomicU64::new(0),
+                skipped_by_map: AtomicU64::new(0),
+                freed: PerThread::new(|| AtomicU64::new(0)),
+            },
         }
     }
 
@@ -158,7 +166,10 @@ impl ZeroMap {
     /// `Zero` where they read zero, else `Dirty`; chunks shared with other blocks stay
     /// `Used`.
     pub(crate) fn freed(&self, block: Block, zero_from: u64) {
-        self.counters.freed.fetch_add(block.order.bytes(), Relaxed);
+        self.counters
+            .freed
+            .mine()
+            .fetch_add(block.order.bytes(), Relaxed);
         if block.order < self.chunk_order {
             return;
         }
@@ -225,7 +236,7 @@ impl ZeroMap {
             alloc_path: c.alloc_path.load(Relaxed),
             at_free: c.at_free.load(Relaxed),
             skipped_by_map: c.skipped_by_map.load(Relaxed),
-            freed: c.freed.load(Relaxed),
+            freed: c.freed.iter().map(|f| f.load(Relaxed)).sum(),
         }
     }
 

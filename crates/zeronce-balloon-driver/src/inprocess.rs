@@ -3,9 +3,20 @@
 //! setup, kicks, reset) from a channel, as a VMM's vCPU exit handler would. Guest memory
 //! is shared: the device gets its own [`GuestMemoryMmap`] (e.g. over a dup of the guest
 //! RAM's memfd), and raises used-buffer interrupts through its [`InterruptSignal`].
+//!
+//! A panic of the device thread is fail-stop: the thread is not restarted. The device's
+//! state (held requests, partial huge pages, the rings' positions) is lost with it, and
+//! a new device would start from a reset the driver did not ask for, while the driver
+//! may still have buffers in flight naming memory it is about to reuse; only a reset
+//! the driver performs (and its renegotiation) makes that safe. So the thread records
+//! why it stopped, wakes every queue's waiter, and every later access fails with
+//! [`TransportError::DeviceFailed`] carrying the panic message ([`Transport::failure`]):
+//! the driver's pending report fails at once (not at its timeout), the driver stops
+//! reporting, and the engine gives every block back unreported.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -35,6 +46,8 @@ pub struct InProcessTransport {
     tx: Option<Sender<Access>>,
     thread: Option<JoinHandle<()>>,
     metrics: Arc<BalloonMetrics>,
+    /// Why the device thread stopped (its panic), once it has.
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 impl InProcessTransport {
@@ -46,13 +59,16 @@ impl InProcessTransport {
     {
         let metrics = device.metrics();
         let (tx, rx) = mpsc::channel();
+        let failure = Arc::new(Mutex::new(None));
+        let failed = Arc::clone(&failure);
         let thread = std::thread::Builder::new()
             .name("zeronce-balloon".into())
-            .spawn(move || serve(device, &mem, &rx))?;
+            .spawn(move || run(device, &mem, rx, &failed))?;
         Ok(InProcessTransport {
             tx: Some(tx),
             thread: Some(thread),
             metrics,
+            failure,
         })
     }
 
@@ -63,13 +79,19 @@ impl InProcessTransport {
 
     fn send(&self, access: Access) -> Result<(), TransportError> {
         let tx = self.tx.as_ref().ok_or(TransportError::DeviceGone)?;
-        tx.send(access).map_err(|_| TransportError::DeviceGone)
+        tx.send(access).map_err(|_| self.gone())
     }
 
     fn call<R>(&self, access: impl FnOnce(Reply<R>) -> Access) -> Result<R, TransportError> {
         let (reply, answer) = mpsc::channel();
         self.send(access(reply))?;
-        answer.recv().map_err(|_| TransportError::DeviceGone)
+        answer.recv().map_err(|_| self.gone())
+    }
+
+    /// The error for a device thread that no longer answers: why it failed, if known.
+    fn gone(&self) -> TransportError {
+        self.failure()
+            .map_or(TransportError::DeviceGone, TransportError::DeviceFailed)
     }
 }
 
@@ -104,6 +126,10 @@ impl Transport for InProcessTransport {
     fn reset(&mut self) -> Result<(), TransportError> {
         self.call(Access::Reset)
     }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.lock().map_or(None, |f| f.clone())
+    }
 }
 
 impl Drop for InProcessTransport {
@@ -118,9 +144,41 @@ impl Drop for InProcessTransport {
     }
 }
 
-/// The device thread: serves accesses until the channel closes; completes held requests
-/// at their deadlines.
-fn serve<D, I>(mut dev: BalloonDevice<D, I>, mem: &GuestMemoryMmap, rx: &Receiver<Access>)
+/// The device thread: [`serve`] until the channel closes or the device panics; a panic is
+/// recorded in `failure` (fail-stop, see the module docs), then every queue's waiter is
+/// woken so the driver sees it at once.
+fn run<D, I>(
+    mut dev: BalloonDevice<D, I>,
+    mem: &GuestMemoryMmap,
+    rx: Receiver<Access>,
+    failure: &Mutex<Option<String>>,
+) where
+    D: Discarder<GuestMemoryMmap>,
+    I: InterruptSignal,
+{
+    let Err(panic) = catch_unwind(AssertUnwindSafe(|| serve(&mut dev, mem, &rx))) else {
+        return;
+    };
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown payload".into());
+    let why = format!("the device thread panicked: {msg}");
+    tracing::error!(reason = %why, "balloon device stopped for good (fail-stop)");
+    if let Ok(mut f) = failure.lock() {
+        *f = Some(why);
+    }
+    // Accesses from now on fail; then wake whoever waits for used buffers.
+    drop(rx);
+    for index in 0..dev.layout().map_or(0, |l| l.len()) {
+        dev.interrupt()
+            .signal_used_queue(u16::try_from(index).unwrap_or(u16::MAX));
+    }
+}
+
+/// Serves accesses until the channel closes; completes held requests at their deadlines.
+fn serve<D, I>(dev: &mut BalloonDevice<D, I>, mem: &GuestMemoryMmap, rx: &Receiver<Access>)
 where
     D: Discarder<GuestMemoryMmap>,
     I: InterruptSignal,
@@ -152,13 +210,19 @@ where
                 let _ = r.send(dev.write_config(offset, &data));
             }
             Access::Activate(addrs, r) => {
-                let _ = r.send(activate(&mut dev, &addrs));
+                let _ = r.send(activate(dev, &addrs));
             }
-            Access::Notify(index) => {
-                if let Err(e) = dev.process_queue(mem, index) {
-                    tracing::warn!(error = %e, index, "balloon device: queue notification failed");
+            // One call serves at most a queue's worth; the rest is served at once.
+            Access::Notify(index) => loop {
+                match dev.process_queue(mem, index) {
+                    Ok(r) if r.more => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, index, "balloon device: queue notification failed");
+                        break;
+                    }
                 }
-            }
+            },
             Access::Reset(r) => {
                 dev.reset();
                 let _ = r.send(());

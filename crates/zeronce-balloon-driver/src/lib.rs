@@ -332,7 +332,15 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
                 };
                 used += 1;
             }
-            if used < blocks.len() && !self.irq.wait_past(index, seen, deadline) {
+            if used == blocks.len() {
+                break;
+            }
+            // A device that stopped for good answers nothing more: fail now, not at the
+            // timeout (it records why before it wakes the waiters).
+            if let Some(why) = self.transport.failure() {
+                return Err(TransportError::DeviceFailed(why).into());
+            }
+            if !self.irq.wait_past(index, seen, deadline) {
                 return Err(DriverError::Timeout {
                     sent: blocks.len(),
                     used,

@@ -14,6 +14,9 @@ pub enum TransportError {
     /// The device is gone (its thread ended, the connection closed).
     #[error("the balloon device is gone")]
     DeviceGone,
+    /// The device stopped for good, and says why (e.g. its thread panicked).
+    #[error("the balloon device failed: {0}")]
+    DeviceFailed(String),
     /// The device refused the access (unoffered features, wrong queue count, ...).
     #[error("the balloon device refused: {0}")]
     Refused(String),
@@ -35,6 +38,12 @@ pub trait Transport: Send {
     fn notify(&mut self, index: u16) -> Result<(), TransportError>;
     /// Resets the device: when this returns, the device no longer touches any queue.
     fn reset(&mut self) -> Result<(), TransportError>;
+    /// Why the device stopped for good, once it has ([`TransportError::DeviceFailed`]);
+    /// a driver waiting for used buffers checks it when woken, so it fails at once
+    /// instead of at its timeout. `None` by default (a transport that cannot tell).
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A boxed transport is a transport (the driver can then be one type whatever carries it).
@@ -56,6 +65,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn reset(&mut self) -> Result<(), TransportError> {
         (**self).reset()
+    }
+    fn failure(&self) -> Option<String> {
+        (**self).failure()
     }
 }
 

@@ -182,6 +182,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         &self.discarder
     }
 
+    /// The interrupt line (e.g. to wake a driver waiting on a device thread that failed).
+    pub fn interrupt(&self) -> &I {
+        &self.interrupt
+    }
+
     /// The configuration space.
     pub fn config(&self) -> &ConfigSpace {
         &self.config

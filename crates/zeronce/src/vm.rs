@@ -341,7 +341,9 @@ pub struct VmHealth {
     /// The reporting worker.
     pub reporter: ReporterHealth,
     /// The failure that stopped the driver (it resets the device and reports nothing
-    /// more; the blocks stay free, unreported): `None` while it runs.
+    /// more; the blocks stay free, unreported): `None` while it runs. A panic of the
+    /// device thread is one (fail-stop: "the device thread panicked: …"; the thread is
+    /// not restarted, see `zeronce_balloon_driver`'s in-process transport).
     pub driver_broken: Option<String>,
 }
 

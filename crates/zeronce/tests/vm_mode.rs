@@ -8,7 +8,8 @@ use std::time::Duration;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 use zeronce::zeronce_balloon::{
-    BalloonDevice, BalloonOptions, DiscardPolicy, FeatureOffer, MmapDiscarder,
+    Backing, BalloonDevice, BalloonOptions, DiscardError, DiscardOp, DiscardPolicy, Discarder,
+    FeatureOffer, MmapDiscarder,
 };
 use zeronce::zeronce_balloon_driver::{DriverOptions, InProcessTransport, Transport};
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
@@ -218,9 +219,12 @@ fn reporting_queue_index_counts_only_negotiated_queues() {
     }
 }
 
-/// A device of its own (an external host) that holds every report for an hour.
-fn device_holding_an_hour() -> DeviceHost {
-    DeviceHost::External(Arc::new(|file, size, irq| {
+/// A device of its own (an external host, in a thread) with `policy` and `discarder`.
+fn own_device<D>(policy: DiscardPolicy, discarder: fn() -> D) -> DeviceHost
+where
+    D: Discarder<GuestMemoryMmap> + Send + 'static,
+{
+    DeviceHost::External(Arc::new(move |file, size, irq| {
         let mem = GuestMemoryMmap::from_ranges_with_files([(
             GuestAddress(0),
             size as usize,
@@ -229,13 +233,67 @@ fn device_holding_an_hour() -> DeviceHost {
         .expect("device mapping");
         let options = BalloonOptions {
             offer: FeatureOffer::default().with_zero_hints(),
-            policy: DiscardPolicy::Hold(Duration::from_secs(3600)),
+            policy,
             ..BalloonOptions::default()
         };
-        let device = BalloonDevice::new(options, MmapDiscarder::new(), irq);
+        let device = BalloonDevice::new(options, discarder(), irq);
         let t = InProcessTransport::spawn(device, mem).expect("device thread");
         Ok(Box::new(t) as Box<dyn Transport>)
     }))
+}
+
+/// VM memory on `device`, the driver waiting `timeout` for each report.
+fn vm_on(device: DeviceHost, timeout: Duration) -> VmMemory {
+    builder()
+        .device(device)
+        .driver(DriverOptions {
+            timeout,
+            ..DriverOptions::default()
+        })
+        .build()
+        .unwrap()
+}
+
+/// After the driver stopped: a pass fails at once; memory stays usable and correct.
+fn broken_driver_fails_at_once_memory_stays_correct(vm: &VmMemory) {
+    let pass = vm.flush(u64::MAX);
+    assert!(pass.error.is_some());
+    let b = vm.alloc_zeroed(order9()).unwrap();
+    assert!(b.as_slice().iter().all(|&x| x == 0));
+    drop(b);
+    vm.manager().check_invariants().unwrap();
+}
+
+/// A device that holds every report for an hour.
+fn device_holding_an_hour() -> DeviceHost {
+    own_device(
+        DiscardPolicy::Hold(Duration::from_secs(3600)),
+        MmapDiscarder::new,
+    )
+}
+
+/// Real discards' backing detection, and a panic at the first discard (a device bug, or
+/// a host failure the device thread does not survive).
+struct PanicsOnDiscard(MmapDiscarder);
+
+impl Discarder<GuestMemoryMmap> for PanicsOnDiscard {
+    fn backing(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        gpa: GuestAddress,
+    ) -> Result<Backing, DiscardError> {
+        self.0.backing(mem, gpa)
+    }
+    fn discard(
+        &mut self,
+        _: &GuestMemoryMmap,
+        _: GuestAddress,
+        _: u64,
+        _: DiscardOp,
+        _: Backing,
+    ) -> Result<(), DiscardError> {
+        panic!("injected discard failure")
+    }
 }
 
 #[test]
@@ -262,14 +320,7 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     // The device holds reports for an hour: the driver's wait runs out, the device is
     // reset (it forgets the held blocks, discarding nothing) and every block goes back
     // unreported; the stats say why the driver stopped.
-    let vm = builder()
-        .device(device_holding_an_hour())
-        .driver(DriverOptions {
-            timeout: Duration::from_millis(200),
-            ..DriverOptions::default()
-        })
-        .build()
-        .unwrap();
+    let vm = vm_on(device_holding_an_hour(), Duration::from_millis(200));
     let free_before = vm.stats().mm.free_pages_total();
     drop(write_working_set(&vm));
     let freed = vm.memfd_allocated_bytes();
@@ -296,13 +347,40 @@ fn a_device_that_never_answers_times_out_and_no_block_is_lost() {
     assert_eq!(vm.memfd_allocated_bytes(), freed, "nothing was discarded");
     vm.manager().check_invariants().unwrap();
 
-    // A broken driver fails at once; memory stays usable and correct.
+    broken_driver_fails_at_once_memory_stays_correct(&vm);
+}
+
+#[test]
+fn a_device_thread_panic_fails_the_driver_at_once_with_the_reason() {
+    // Fail-stop: the device thread is not restarted (see zeronce-balloon-driver's
+    // inprocess module). The report in flight fails at once with the panic's message,
+    // not at the driver's timeout (an hour: a hang would show as this test never
+    // ending), every block goes back unreported, and the stats say why.
+    let device = own_device(DiscardPolicy::Immediate, || {
+        PanicsOnDiscard(MmapDiscarder::new())
+    });
+    let vm = vm_on(device, Duration::from_secs(3600));
+    let free_before = vm.stats().mm.free_pages_total();
+    drop(write_working_set(&vm));
+    let unreported = unreported_pages(&vm);
     let pass = vm.flush(u64::MAX);
-    assert!(pass.error.is_some());
-    let b = vm.alloc_zeroed(order9()).unwrap();
-    assert!(b.as_slice().iter().all(|&x| x == 0));
-    drop(b);
-    vm.manager().check_invariants().unwrap();
+    let err = pass.error.expect("the report call failed").to_string();
+    assert!(err.contains("injected discard failure"), "{err}");
+    assert!(vm.driver_broken());
+    let s = vm.stats();
+    let why = s.health.driver_broken.expect("the stats say why");
+    assert!(
+        why.contains("device thread panicked: injected discard failure"),
+        "{why}"
+    );
+    assert!(
+        s.health.reporter.worker_alive,
+        "the engine's worker lives on"
+    );
+    assert_eq!(s.mm.free_pages_total(), free_before, "no block lost");
+    assert_eq!(s.mm.isolated_pages, 0);
+    assert_eq!(unreported_pages(&vm), unreported, "back unreported");
+    broken_driver_fails_at_once_memory_stays_correct(&vm);
 }
 
 #[test]

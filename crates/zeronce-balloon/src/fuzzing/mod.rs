@@ -8,7 +8,8 @@
 //! length; an inflate `used_len` longer than the PFN count allows; an error from guest
 //! input that is not of a named malformed class (a "VMM error"); a descriptor returned
 //! more often than the device popped it (an invalid head never); a zero promise that is
-//! false in memory (the recording discarder really writes zeros); a call serving more
+//! false in memory (the recording discarder really writes zeros); a chain with an
+//! indirect descriptor served with a nonzero `used_len`; a call serving more
 //! than a queue's worth of chains, or held work past its bound; or a device that no
 //! longer serves a well-formed request after reset. Guest memory also changes *during*
 //! calls ([`HookedMemory`]: a guest publishing more heads, valid or not, while the
@@ -25,7 +26,7 @@ use crate::device::{BalloonDevice, BalloonOptions};
 use crate::discard::DiscardPolicy;
 use crate::error::MalformedKind;
 use crate::features::{FeatureOffer, FeatureSet, QueueKind};
-use crate::guest_ring::{DriverBuf, DriverQueue};
+use crate::guest_ring::{DriverBuf, DriverQueue, DESC_F_NEXT};
 use crate::mock::{HookedMemory, RecordingDiscarder, RecordingInterrupt};
 use crate::spec::limits::{MAX_HELD_BYTES, MAX_PFNS_PER_REQUEST};
 use crate::spec::PFN_PAGE_SIZE;
@@ -315,9 +316,13 @@ impl Harness {
         if publish.is_some() {
             self.oracle.forget();
         }
+        let prefaults = self.dev.discarder().prefaults.len();
         let hooked = HookedMemory::new(self.mem.clone(), hook);
         let r = self.dev.process_queue_at(&hooked, index, self.t0);
         drop(hooked);
+        if r.as_ref().is_ok_and(|r| r.chains == 1) {
+            check_one_request_prefaults(&self.dev.discarder().prefaults[prefaults..]);
+        }
         if publish.is_some() {
             let idx: u16 = self.mem.read_obj(GuestAddress(avail + 2)).unwrap_or(0);
             if let Some(dq) = self.queues.get_mut(q) {
@@ -325,8 +330,17 @@ impl Harness {
             }
         }
         let popped = popped.into_inner();
-        if let Ok(r) = &r {
+        if let (Ok(r), Some(dq)) = (&r, self.queues.get(q)) {
             assert_eq!(popped.len(), r.chains, "pops seen by the hook");
+            // The descriptor table is as the device walked it (the hook changes only the
+            // available ring): a chain served with a nonzero length had no indirect
+            // descriptor (never negotiated, so refused).
+            for &(head, len) in &r.used {
+                assert!(
+                    len == 0 || !chain_has_indirect(&self.mem, dq.addrs().desc, head),
+                    "queue {q}: chain {head} with an indirect descriptor served (used_len {len})"
+                );
+            }
         }
         for head in popped {
             self.oracle.popped(q, head);
@@ -479,6 +493,41 @@ fn plausible_request(
             (bufs, Some(Promise::Report { blocks, total }))
         }
     }
+}
+
+/// The prefaults of one deflate request are merged runs: no page twice, and no two runs
+/// that touch inside one region (a deflate of `n` PFNs is at most `n` calls, fewer when
+/// they are contiguous or repeated).
+fn check_one_request_prefaults(calls: &[(GuestAddress, u64)]) {
+    let mut runs: Vec<(u64, u64)> = calls.iter().map(|(g, l)| (g.0, g.0 + l)).collect();
+    runs.sort_unstable();
+    for w in runs.windows(2) {
+        let ((_, end), (next, _)) = (w[0], w[1]);
+        let region_start = REGIONS.iter().any(|r| r.0 == next);
+        assert!(
+            end < next || (end == next && region_start),
+            "deflate prefaults not merged: {runs:x?}"
+        );
+    }
+}
+
+/// Whether the chain from `head` in the descriptor table at `table` holds a descriptor
+/// flagged `VIRTQ_DESC_F_INDIRECT` (within the 64 descriptors a chain may have).
+fn chain_has_indirect(mem: &GuestMemoryMmap, table: GuestAddress, head: u16) -> bool {
+    const F_INDIRECT: u16 = 4;
+    let mut i = head;
+    for _ in 0..crate::spec::limits::MAX_CHAIN_DESCRIPTORS {
+        let at = table.0 + 16 * u64::from(i);
+        let flags: u16 = mem.read_obj(GuestAddress(at + 12)).unwrap_or(0);
+        if flags & F_INDIRECT != 0 {
+            return true;
+        }
+        i = mem.read_obj(GuestAddress(at + 14)).unwrap_or(u16::MAX);
+        if flags & DESC_F_NEXT == 0 || i >= QUEUE_SIZE {
+            return false;
+        }
+    }
+    false
 }
 
 /// Negotiates `acked` and activates fresh queues; returns the driver side.

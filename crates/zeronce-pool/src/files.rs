@@ -58,7 +58,8 @@ pub enum FilesError {
     /// Not enough huge pages are free for the files' missing pages.
     #[error(
         "the pool needs {needed} more {page} huge pages, {available} are free: reserve \
-         them with `echo N > /sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages`"
+         them with `echo N > /sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages`{}",
+        reserve_hint(*.kb)
     )]
     NoHugePages {
         /// The page size, as `2M` / `1G`.
@@ -88,6 +89,18 @@ pub enum FilesError {
         /// Why.
         source: RamError,
     },
+}
+
+/// What else to try when the kernel would not reserve pages of `kb` KiB: 1 GiB pages need
+/// a physically contiguous, movable gigabyte, which a long-running host rarely has.
+fn reserve_hint(kb: u64) -> &'static str {
+    if kb >= 1 << 20 {
+        " (1G pages need 1 GiB of contiguous free memory: if the count stays below N, \
+         `echo 3 > /proc/sys/vm/drop_caches; echo 1 > /proc/sys/vm/compact_memory` and retry, \
+         or reserve them at boot with `hugepagesz=1G hugepages=N` on the kernel command line)"
+    } else {
+        ""
+    }
 }
 
 /// The environment variable naming a hugetlbfs mount of 2 MiB pages for tests and

@@ -1,6 +1,6 @@
-//! `--plot FILE.svg`: resident memory over time as an SVG line chart (`plotters`, SVG
-//! backend only), one line per series, with the moments that explain it (free, report)
-//! marked as vertical lines.
+//! `--plot FILE.svg` (`plotters`, SVG backend only): resident memory over time as a line
+//! chart, one line per series, with the moments that explain it (free, report) marked as
+//! vertical lines; and ratios as horizontal bars, ours beside a published figure.
 
 use plotters::prelude::*;
 use std::path::Path;
@@ -75,6 +75,98 @@ pub fn resident_over_time(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// One bar pair: a figure, our ratio and the published one (either may be missing).
+pub struct RatioRow {
+    /// What the ratio is.
+    pub label: String,
+    /// Ours, measured in this run (`None`: skipped).
+    pub ours: Option<f64>,
+    /// The published figure, when there is a number.
+    pub published: Option<f64>,
+}
+
+/// Draws `rows` as horizontal bar pairs (ours, published) into the SVG file `path`, with
+/// the value at the end of every bar and "skipped" / "not published" where one is missing.
+pub fn ratio_bars(
+    path: &Path,
+    title: &str,
+    rows: &[RatioRow],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = rows.len().max(1) as f64;
+    let x_end = rows
+        .iter()
+        .flat_map(|r| [r.ours, r.published])
+        .flatten()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, f64::max)
+        * 1.25;
+    let height = 120 + 48 * rows.len() as u32;
+    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (labels, plot_area) = root.split_horizontally(470);
+    let mut chart = ChartBuilder::on(&plot_area)
+        .caption(title, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(35)
+        .build_cartesian_2d(0.0..x_end, 0.0..n)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(0)
+        .x_desc("ratio (lower is better for times, 1.0 = no change for throughput)")
+        .draw()?;
+    let bar = |color: RGBColor| color.mix(0.8).filled();
+    for (i, r) in rows.iter().enumerate() {
+        let top = n - i as f64;
+        for (k, (value, color, missing)) in [
+            (r.ours, BLUE, "ours: skipped"),
+            (r.published, RED, "published: no number"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let y0 = top - 0.1 - 0.4 * (k as f64 + 1.0);
+            let y1 = y0 + 0.35;
+            match value.filter(|x| x.is_finite()) {
+                Some(v) => {
+                    chart.draw_series(std::iter::once(Rectangle::new(
+                        [(0.0, y0), (v, y1)],
+                        bar(color),
+                    )))?;
+                    chart.draw_series(std::iter::once(Text::new(
+                        format!("{v:.3}"),
+                        (v + x_end * 0.01, y1),
+                        ("sans-serif", 12),
+                    )))?;
+                }
+                None => {
+                    chart.draw_series(std::iter::once(Text::new(
+                        missing,
+                        (x_end * 0.01, y1),
+                        ("sans-serif", 12).into_font().color(&color),
+                    )))?;
+                }
+            }
+        }
+        let (_, y) = chart.backend_coord(&(0.0, top - 0.55));
+        labels.draw(&Text::new(r.label.clone(), (10, y - 7), ("sans-serif", 12)))?;
+    }
+    chart.draw_series(std::iter::once(PathElement::new(
+        vec![(1.0, 0.0), (1.0, n)],
+        BLACK.mix(0.4),
+    )))?;
+    for (k, (name, color)) in [("ours (this run)", BLUE), ("published", RED)]
+        .into_iter()
+        .enumerate()
+    {
+        let y = 20 + 18 * k as i32;
+        labels.draw(&Rectangle::new([(10, y), (24, y + 12)], color.filled()))?;
+        labels.draw(&Text::new(name, (30, y), ("sans-serif", 13)))?;
+    }
     root.present()?;
     Ok(())
 }

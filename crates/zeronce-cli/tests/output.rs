@@ -11,6 +11,19 @@ fn zeronce(args: &[&str]) -> std::process::Output {
         .expect("run the zeronce binary")
 }
 
+/// Runs `zeronce args` that must succeed and print one JSON object: (object, stdout).
+fn zeronce_json(args: &[&str]) -> (serde_json::Value, String) {
+    let out = zeronce(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&stdout).expect("one JSON object");
+    (v, stdout)
+}
+
 /// Minimal well-formedness: one root `<svg>` element, every opened element closed.
 fn assert_well_formed_svg(svg: &str) {
     let body = svg.trim();
@@ -48,7 +61,7 @@ fn demo_json_has_every_step_and_plot_is_an_svg() {
     let dir = std::env::temp_dir().join(format!("zeronce-out-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("demo.svg");
-    let out = zeronce(&[
+    let (v, stdout) = zeronce_json(&[
         "demo",
         "--size-mib",
         "128",
@@ -60,13 +73,6 @@ fn demo_json_has_every_step_and_plot_is_an_svg() {
         "--plot",
         svg.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
     let steps = v["steps"].as_array().expect("steps");
     assert_eq!(steps.len(), 5, "{v}");
     assert_eq!(steps[3]["blocks_known_zero"], 4, "{v}");
@@ -94,4 +100,97 @@ fn help_says_what_the_program_is_without_jargon() {
         let h = String::from_utf8_lossy(&zeronce(sub).stdout).to_lowercase();
         assert!(!h.contains("seed"), "{h}");
     }
+}
+
+/// `HugePages_Free` of /proc/meminfo (0 when absent).
+fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn bench_seeds_quick_json_has_the_three_tables_and_an_svg() {
+    let dir = std::env::temp_dir().join(format!("zeronce-upstream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("upstream.svg");
+    let none_reserved = free_huge_pages() == 0;
+    let (v, stdout) = zeronce_json(&[
+        "bench",
+        "seeds",
+        "--quick",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(!stdout.contains("seed"), "{stdout}");
+    assert_eq!(v["bench"], "upstream");
+    assert!(v["machine"]["cpus"].as_u64() >= Some(1), "{v}");
+    let designs = v["designs"].as_array().expect("designs");
+    let names: Vec<&str> = designs
+        .iter()
+        .filter_map(|d| d["design"].as_str())
+        .collect();
+    assert_eq!(names.len(), 3, "{v}");
+    for (name, want) in names.iter().zip([
+        "free page reporting",
+        "skip redundant zeroing",
+        "hugetlb pre-zeroing",
+    ]) {
+        assert!(name.starts_with(want), "{name}");
+    }
+    for d in designs {
+        assert!(d["upstream"].as_str().is_some_and(|u| !u.is_empty()), "{d}");
+        let rows = d["rows"].as_array().expect("rows");
+        assert!(!rows.is_empty(), "{d}");
+        for r in rows {
+            assert!(
+                r["figure"].is_string() && r["like_for_like"].is_boolean(),
+                "{r}"
+            );
+            assert!(
+                r["differences"].as_str().is_some_and(|t| t.len() > 20),
+                "{r}"
+            );
+            assert!(r["published_text"].is_string(), "{r}");
+            let hugetlb = r["needs_hugetlb"].as_bool().expect("needs_hugetlb");
+            match r["ours"].as_f64() {
+                Some(x) => {
+                    assert!(x.is_finite() && x >= 0.0, "{r}");
+                    assert!(
+                        !(hugetlb && none_reserved),
+                        "measured without huge pages: {r}"
+                    );
+                    if let Some(t) = r.get("target") {
+                        assert!(t["met"].is_boolean() && t["target"].is_string(), "{r}");
+                    }
+                }
+                None => {
+                    let why = r["skipped"]
+                        .as_str()
+                        .expect("a number or why it is missing");
+                    assert!(hugetlb, "only hugetlb rows may be skipped: {r}");
+                    assert!(why.starts_with("skipped: "), "{r}");
+                    if none_reserved {
+                        assert!(why.starts_with("skipped: no huge pages reserved"), "{r}");
+                    }
+                    assert!(
+                        r.get("target").is_none(),
+                        "no verdict without a figure: {r}"
+                    );
+                }
+            }
+        }
+    }
+    // The published figures carried over: page_fault1 (THP) 0.998, alloc-once 0.22.
+    let published = |d: usize, r: usize| designs[d]["rows"][r]["published"].as_f64().unwrap();
+    assert!((published(0, 0) - 0.998).abs() < 0.001, "{v}");
+    assert!((published(1, 0) - 0.22).abs() < 0.001, "{v}");
+    let text = std::fs::read_to_string(&svg).expect("the plot was written");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_well_formed_svg(&text);
+    assert!(text.contains("published") && text.contains("page_fault1"));
 }

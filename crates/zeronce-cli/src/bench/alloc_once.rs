@@ -150,7 +150,7 @@ fn run_once(
 type Results = [[Vec<Sample>; 3]; 2];
 
 /// Runs every variant and mode `runs` times, interleaved (mode order rotates per run).
-fn measure(
+fn measure_backing(
     arena: usize,
     size: usize,
     kind: BackingKind,
@@ -249,29 +249,41 @@ fn print_table(title: &str, res: &Results) {
     }
 }
 
-/// Runs the benchmark.
-pub fn run(args: &AllocOnceArgs) -> BenchResult {
-    let Common { quick, json } = args.common;
-    let c = args.common;
-    let (arena, size) = if quick {
-        (512 << 20, 64 << 20)
-    } else {
-        (2 << 30, 256 << 20)
-    };
-    let runs = c.pick(args.runs, 3, 10);
-    let gap = Duration::from_millis(c.pick(args.gap_ms, 50, 200));
-    if !json {
-        println!(
-            "bench alloc-once{}: {} MiB allocated zeroed (2 MiB blocks) from a {} MiB arena after \
-             it was written, freed and reported; {runs} runs per mode, modes interleaved, gap {} ms",
-            if quick { " (--quick)" } else { "" },
-            size >> 20,
-            arena >> 20,
-            gap.as_millis()
-        );
+/// Sizes, runs and idle gap of one measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// THP arena bytes (the hugetlb arena is twice `size`).
+    pub arena: usize,
+    /// Bytes allocated zeroed per timed step.
+    pub size: usize,
+    /// Runs per mode and variant.
+    pub runs: usize,
+    /// Idle time between free + flush and the timed step.
+    pub gap: Duration,
+}
+
+impl Plan {
+    /// Free 2 MiB huge pages the hugetlb variant needs.
+    pub fn hugetlb_pages(&self) -> u64 {
+        ((2 * self.size) >> 21) as u64
     }
+}
+
+/// Both backings' samples; hugetlb's may say why it was skipped.
+struct Measured {
+    thp: Results,
+    hugetlb: Result<Results, String>,
+}
+
+fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error>> {
+    let Plan {
+        arena,
+        size,
+        runs,
+        gap,
+    } = *plan;
     let progress = Progress::new(c, "bench alloc-once", runs as u64);
-    let thp = measure(
+    let thp = measure_backing(
         arena,
         size,
         BackingKind::Anonymous { thp: true },
@@ -281,71 +293,103 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
     );
     progress.finish();
     let thp = thp?;
-    let (thp_json, ratio_a, ratio_b) = report(&thp, arena);
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).
     let huge_arena = 2 * size;
-    let pool = HugetlbPoolCounters::read(2 << 20).ok();
-    let mut skip = format!(
-        "hugetlb skipped: needs {} free 2 MiB huge pages (vm.nr_hugepages), {} available",
-        huge_arena >> 21,
-        pool.map_or(0, |p| p.available())
-    );
-    let hugetlb = match pool {
-        Some(p) if p.available() as usize * (2 << 20) >= huge_arena => {
-            match measure(
-                huge_arena,
-                size,
-                BackingKind::Hugetlb(HugePageSize::Size2M),
-                runs,
-                gap,
-                &Progress::new(c, "bench alloc-once (hugetlb)", runs as u64),
-            ) {
-                Ok(r) => Some(r),
-                // Someone else took the pages between the check and the mapping.
-                Err(zeronce::Error::Ram(e)) => {
-                    skip = format!("hugetlb skipped: {e}");
-                    None
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        _ => None,
+    let hugetlb = match super::hugetlb_skip(plan.hugetlb_pages()) {
+        Some(why) => Err(why),
+        None => match measure_backing(
+            huge_arena,
+            size,
+            BackingKind::Hugetlb(HugePageSize::Size2M),
+            runs,
+            gap,
+            &Progress::new(c, "bench alloc-once (hugetlb)", runs as u64),
+        ) {
+            Ok(r) => Ok(r),
+            // Someone else took the pages between the check and the mapping.
+            Err(zeronce::Error::Ram(e)) => Err(format!("skipped: {e}")),
+            Err(e) => return Err(e.into()),
+        },
     };
+    Ok(Measured { thp, hugetlb })
+}
+
+fn to_json(plan: &Plan, quick: bool, m: &Measured) -> Value {
+    let (thp_json, ratio_a, ratio_b) = report(&m.thp, plan.arena);
+    let mut out = Map::new();
+    out.insert("bench".into(), json!("alloc-once"));
+    out.insert("quick".into(), json!(quick));
+    out.insert("arena_bytes".into(), json!(plan.arena));
+    out.insert("alloc_bytes".into(), json!(plan.size));
+    out.insert("runs".into(), json!(plan.runs));
+    out.insert("gap_ms".into(), json!(plan.gap.as_millis() as u64));
+    out.insert("ratio_cpu_optimized_over_baseline".into(), json!(ratio_a));
+    out.insert(
+        "ratio_cpu_optimized_over_baseline_touch".into(),
+        json!(ratio_b),
+    );
+    out.insert(
+        "published_ratio_cpu_optimized_over_baseline".into(),
+        json!(51.0 / 232.0),
+    );
+    out.insert("published".into(), json!(PUBLISHED));
+    out.insert(
+        "target".into(),
+        json!({
+            "a_alloc_only": TARGET_A.to_json(ratio_a),
+            "b_alloc_touch": "none: reported as measured",
+        }),
+    );
+    out.insert("thp".into(), thp_json);
+    match &m.hugetlb {
+        Ok(h) => out.insert("hugetlb".into(), report(h, 2 * plan.size).0),
+        Err(skip) => out.insert("hugetlb".into(), json!({ "skipped": skip })),
+    };
+    out.insert(
+        "method".into(),
+        json!("2 MiB zeroed allocations of alloc_bytes after writing, freeing and flushing them; thread CPU time of the allocation step; modes interleaved per run; idle_before_ms = time the memory sat free before the timed step"),
+    );
+    Value::Object(out)
+}
+
+/// Runs `plan` on THP and, when enough 2 MiB pages are free, hugetlb; returns the
+/// benchmark's JSON object (what `--json` prints).
+pub fn measure(plan: &Plan, c: Common) -> Result<Value, Box<dyn std::error::Error>> {
+    Ok(to_json(plan, c.quick, &collect(plan, c)?))
+}
+
+/// Target of (a), allocate only, optimized / baseline.
+const TARGET_A: Target = Target::AtMost(0.1);
+
+/// Runs the benchmark.
+pub fn run(args: &AllocOnceArgs) -> BenchResult {
+    let Common { quick, json } = args.common;
+    let c = args.common;
+    let (arena, size) = if quick {
+        (512 << 20, 64 << 20)
+    } else {
+        (2 << 30, 256 << 20)
+    };
+    let plan = Plan {
+        arena,
+        size,
+        runs: c.pick(args.runs, 3, 10),
+        gap: Duration::from_millis(c.pick(args.gap_ms, 50, 200)),
+    };
+    if !json {
+        println!(
+            "bench alloc-once{}: {} MiB allocated zeroed (2 MiB blocks) from a {} MiB arena after \
+             it was written, freed and reported; {} runs per mode, modes interleaved, gap {} ms",
+            if quick { " (--quick)" } else { "" },
+            size >> 20,
+            arena >> 20,
+            plan.runs,
+            plan.gap.as_millis()
+        );
+    }
+    let m = collect(&plan, c)?;
     if json {
-        let mut out = Map::new();
-        out.insert("bench".into(), json!("alloc-once"));
-        out.insert("quick".into(), json!(quick));
-        out.insert("arena_bytes".into(), json!(arena));
-        out.insert("alloc_bytes".into(), json!(size));
-        out.insert("runs".into(), json!(runs));
-        out.insert("gap_ms".into(), json!(gap.as_millis() as u64));
-        out.insert("ratio_cpu_optimized_over_baseline".into(), json!(ratio_a));
-        out.insert(
-            "ratio_cpu_optimized_over_baseline_touch".into(),
-            json!(ratio_b),
-        );
-        out.insert(
-            "published_ratio_cpu_optimized_over_baseline".into(),
-            json!(51.0 / 232.0),
-        );
-        out.insert("published".into(), json!(PUBLISHED));
-        out.insert(
-            "target".into(),
-            json!({
-                "a_alloc_only": Target::AtMost(0.1).to_json(ratio_a),
-                "b_alloc_touch": "none: reported as measured",
-            }),
-        );
-        out.insert("thp".into(), thp_json);
-        match &hugetlb {
-            Some(h) => out.insert("hugetlb".into(), report(h, huge_arena).0),
-            None => out.insert("hugetlb".into(), json!({ "skipped": skip })),
-        };
-        out.insert(
-            "method".into(),
-            json!("2 MiB zeroed allocations of alloc_bytes after writing, freeing and flushing them; thread CPU time of the allocation step; modes interleaved per run; idle_before_ms = time the memory sat free before the timed step"),
-        );
-        println!("{}", Value::Object(out));
+        println!("{}", to_json(&plan, quick, &m));
         return Ok(());
     }
     print_table(
@@ -354,19 +398,20 @@ pub fn run(args: &AllocOnceArgs) -> BenchResult {
             size >> 20,
             arena >> 20
         ),
-        &thp,
+        &m.thp,
     );
-    match &hugetlb {
-        Some(h) => print_table(
-            &format!("alloc-once, hugetlb 2 MiB, {} MiB arena", huge_arena >> 20),
+    match &m.hugetlb {
+        Ok(h) => print_table(
+            &format!("alloc-once, hugetlb 2 MiB, {} MiB arena", (2 * size) >> 20),
             h,
         ),
-        None => println!("{skip}"),
+        Err(skip) => println!("hugetlb {skip}"),
     }
+    let (_, ratio_a, ratio_b) = report(&m.thp, arena);
     println!(
         "headline, THP: (a) allocate only {ratio_a:.3} ({}), (b) allocate + touch {ratio_b:.3} \
          (no target: the touch faults the discarded memory back in, and the kernel zeroes it)",
-        Target::AtMost(0.1).verdict(ratio_a)
+        TARGET_A.verdict(ratio_a)
     );
     println!("{PUBLISHED}");
     Ok(())

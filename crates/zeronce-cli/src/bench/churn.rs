@@ -13,7 +13,7 @@ use super::stats::Summary;
 use super::target::Target;
 use super::{BenchResult, Common};
 use clap::Args;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -170,23 +170,24 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// The target of every enabled / disabled ratio.
-const TARGET: Target = Target::AtLeast(0.97);
+pub const TARGET: Target = Target::AtLeast(0.97);
 
 /// Runs all (order, threads) configurations with one delay; JSON per configuration and
 /// the smallest ratio per budget.
 fn run_delay(
-    rounds: usize,
-    dur: Duration,
+    plan: &Plan,
     delay: Duration,
-    json: bool,
+    print: bool,
     progress: &Progress,
 ) -> Result<(Vec<Value>, [f64; 2]), Box<dyn std::error::Error>> {
+    let (rounds, dur) = (plan.rounds, plan.trial);
+    let json = !print;
     let mut configs = Vec::new();
     let mut min = [f64::INFINITY; 2];
     if !json {
         println!("delay {} ms:", delay.as_millis());
     }
-    for (order, threads) in [(0u8, 1usize), (0, 2), (9, 1), (9, 2)] {
+    for &(order, threads) in &plan.configs {
         let t = configuration(order, threads, rounds, dur, delay)?;
         progress.inc();
         let rate = |m: usize| -> Vec<f64> { t[m].iter().map(|x| x.per_s).collect() };
@@ -243,32 +244,30 @@ fn run_delay(
     Ok((configs, min))
 }
 
-/// Runs the benchmark.
-pub fn run(args: &ChurnArgs) -> BenchResult {
-    let c = args.common;
-    let json = c.json;
-    let rounds = c.pick(args.rounds, 4, 11);
-    let dur = Duration::from_secs_f64(c.pick(args.trial_s, 0.25, 2.5));
-    // Linux's 2 s, which a trial outlasts by little (about one pass per trial), and a short
-    // delay under which reporting runs several times within every trial.
-    let delays = [
-        ReportingConfig::default().delay,
-        Duration::from_millis(100).min(dur / 4),
-    ];
-    if !json {
-        println!(
-            "bench churn{}: alloc_zeroed + touch + free, iterations/s; {rounds} rounds of \
-             {:.2} s trials per mode; ratio = median over rounds of enabled / disabled ({})",
-            if c.quick { " (--quick)" } else { "" },
-            dur.as_secs_f64(),
-            TARGET.describe()
-        );
-    }
-    let progress = Progress::new(c, "bench churn", 8);
-    let mut out = Map::new();
+/// What one measurement runs.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Rounds (each runs every mode once per configuration).
+    pub rounds: usize,
+    /// Length of one trial.
+    pub trial: Duration,
+    /// Reporting delays, each a full set of configurations.
+    pub delays: Vec<Duration>,
+    /// (order, threads) configurations.
+    pub configs: Vec<(u8, usize)>,
+}
+
+/// Runs `plan`; with `print`, a line per configuration as it finishes. Returns the
+/// benchmark's JSON object (what `--json` prints).
+pub fn measure(plan: &Plan, c: Common, print: bool) -> Result<Value, Box<dyn std::error::Error>> {
+    let progress = Progress::new(
+        c,
+        "bench churn",
+        (plan.delays.len() * plan.configs.len()) as u64,
+    );
     let mut per_delay = Vec::new();
-    for delay in delays {
-        let r = run_delay(rounds, dur, delay, json, &progress);
+    for &delay in &plan.delays {
+        let r = run_delay(plan, delay, print, &progress);
         let (configs, min) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -295,26 +294,59 @@ pub fn run(args: &ChurnArgs) -> BenchResult {
         min_of("min_ratio_linux_over_disabled"),
         min_of("min_ratio_adaptive_over_disabled"),
     );
+    Ok(json!({
+        "bench": "churn",
+        "quick": c.quick,
+        "rounds": plan.rounds,
+        "trial_s": plan.trial.as_secs_f64(),
+        "min_ratio_enabled_over_disabled": linux,
+        "min_ratio_adaptive_over_disabled": adaptive,
+        "target": TARGET.to_json(linux.min(adaptive)),
+        "delays": per_delay,
+        "method": "alloc_zeroed + touch every 4 KiB + free per iteration, fresh 1 GiB THP arena per mode and round (built in rotating order); iterations per wall second; trials back to back per round; ratio = median over rounds of enabled/disabled in the same round; per trial: scheduled passes, blocks reported, minor page faults of the process",
+    }))
+}
+
+/// Runs the benchmark.
+pub fn run(args: &ChurnArgs) -> BenchResult {
+    let c = args.common;
+    let json = c.json;
+    let rounds = c.pick(args.rounds, 4, 11);
+    let dur = Duration::from_secs_f64(c.pick(args.trial_s, 0.25, 2.5));
+    // Linux's 2 s, which a trial outlasts by little (about one pass per trial), and a short
+    // delay under which reporting runs several times within every trial.
+    let plan = Plan {
+        rounds,
+        trial: dur,
+        delays: vec![
+            ReportingConfig::default().delay,
+            Duration::from_millis(100).min(dur / 4),
+        ],
+        configs: vec![(0, 1), (0, 2), (9, 1), (9, 2)],
+    };
     if !json {
         println!(
-            "min ratio enabled / disabled over both delays: linux {linux:.3}, adaptive \
-             {adaptive:.3} ({}; the published series: within ~1%)",
-            TARGET.verdict(linux.min(adaptive))
+            "bench churn{}: alloc_zeroed + touch + free, iterations/s; {rounds} rounds of \
+             {:.2} s trials per mode; ratio = median over rounds of enabled / disabled ({})",
+            if c.quick { " (--quick)" } else { "" },
+            dur.as_secs_f64(),
+            TARGET.describe()
         );
+    }
+    let out = measure(&plan, c, !json)?;
+    if json {
+        println!("{out}");
         return Ok(());
     }
-    out.insert("bench".into(), json!("churn"));
-    out.insert("quick".into(), json!(c.quick));
-    out.insert("rounds".into(), json!(rounds));
-    out.insert("trial_s".into(), json!(dur.as_secs_f64()));
-    out.insert("min_ratio_enabled_over_disabled".into(), json!(linux));
-    out.insert("min_ratio_adaptive_over_disabled".into(), json!(adaptive));
-    out.insert("target".into(), TARGET.to_json(linux.min(adaptive)));
-    out.insert("delays".into(), Value::Array(per_delay));
-    out.insert(
-        "method".into(),
-        json!("alloc_zeroed + touch every 4 KiB + free per iteration, fresh 1 GiB THP arena per mode and round (built in rotating order); iterations per wall second; trials back to back per round; ratio = median over rounds of enabled/disabled in the same round; per trial: scheduled passes, blocks reported, minor page faults of the process"),
+    let f = |k: &str| out[k].as_f64().unwrap_or(f64::NAN);
+    let (linux, adaptive) = (
+        f("min_ratio_enabled_over_disabled"),
+        f("min_ratio_adaptive_over_disabled"),
     );
-    println!("{}", Value::Object(out));
+    println!(
+        "min ratio enabled / disabled over both delays: linux {linux:.3}, adaptive \
+         {adaptive:.3} ({}; the published series: within ~1%)",
+        TARGET.verdict(linux.min(adaptive))
+    );
     Ok(())
 }

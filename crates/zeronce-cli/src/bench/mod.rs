@@ -11,6 +11,7 @@ pub mod report_path;
 pub mod rss_follow;
 pub mod stats;
 pub mod target;
+pub mod upstream;
 pub mod vm_start;
 pub mod zero;
 
@@ -64,6 +65,20 @@ pub fn millis(s: &str) -> Result<u64, String> {
     }
 }
 
+/// Why a hugetlb measurement needing `needed` free 2 MiB huge pages cannot run now, or
+/// `None` when enough are free. Benchmarks never reserve pages themselves. The text
+/// starts with "skipped: " (tools match on it).
+pub fn hugetlb_skip(needed: u64) -> Option<String> {
+    let available =
+        zeronce::zeronce_mem::HugetlbPoolCounters::read(2 << 20).map_or(0, |p| p.available());
+    let how = format!("needs {needed} free 2 MiB huge pages: echo N > /proc/sys/vm/nr_hugepages");
+    match available {
+        0 => Some(format!("skipped: no huge pages reserved ({how})")),
+        n if n < needed => Some(format!("skipped: only {n} huge pages free ({how})")),
+        _ => None,
+    }
+}
+
 /// The benchmarks.
 #[derive(Subcommand)]
 pub enum Which {
@@ -86,6 +101,10 @@ pub enum Which {
     /// Huge pages ready for a guest: kernel fault-in (1 / all threads) vs a pool file
     /// zeroed at take vs pre-zeroed (hugetlbfs mount: $ZERONCE_HUGETLBFS_2M or --dir).
     VmStart(vm_start::VmStartArgs),
+    /// The three upstream series' headline tables (free page reporting, skip redundant
+    /// zeroing, hugetlb pre-zeroing): our figures from this run beside the published ones.
+    #[command(alias = "seeds")]
+    Upstream(upstream::UpstreamArgs),
 }
 
 /// Error type of the benchmarks: a message for the user.
@@ -103,5 +122,6 @@ pub fn run(which: Which) -> BenchResult {
         Which::ReportPath(args) => report_path::run(&args),
         Which::VmStart(args) => vm_start::run(&args),
         Which::Peers(args) => peers::run(&args),
+        Which::Upstream(args) => upstream::run(&args),
     }
 }

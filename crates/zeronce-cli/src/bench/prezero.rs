@@ -21,7 +21,7 @@ use super::{BenchResult, Common};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
-use zeronce::zeronce_mem::{BackingKind, HugePageSize, HugetlbPoolCounters};
+use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::{CancelToken, HugePagePool, PoolPage, PrezeroError};
 
 /// Arguments of `zeronce bench prezero`.
@@ -105,7 +105,7 @@ fn alloc_step(
 
 /// Runs the modes `runs` times, interleaved (order rotates per run); `kernel_fault` only
 /// with `fault`.
-fn measure(
+fn measure_backing(
     kind: BackingKind,
     pages: u64,
     runs: usize,
@@ -275,32 +275,35 @@ fn run_backing(
     fault: bool,
     progress: &Progress,
 ) -> Result<Result<Series, String>, PrezeroError> {
-    match measure(kind, pages, runs, gap, fault, progress) {
+    match measure_backing(kind, pages, runs, gap, fault, progress) {
         Ok(s) => Ok(Ok(s)),
         // Hugetlb pages taken by someone else between the check and the mapping.
         Err(PrezeroError::Ram(e)) if matches!(kind, BackingKind::Hugetlb(_)) => {
-            Ok(Err(format!("hugetlb skipped: {e}")))
+            Ok(Err(format!("skipped: {e}")))
         }
         Err(e) => Err(e),
     }
 }
 
-/// Runs the benchmark.
-pub fn run(args: &PrezeroArgs) -> BenchResult {
-    let Common { quick, json } = args.common;
-    let c = args.common;
-    let pages = c.pick(args.pages, 64, 512);
-    let runs = c.pick(args.runs, 5, 9);
-    let gap = Duration::from_millis(c.pick(args.gap_ms, 20, 200));
-    if !json {
-        println!(
-            "bench prezero{}: {pages} x 2 MiB pages ({} MiB) allocated zeroed and touched, {runs} \
-             runs per mode, modes interleaved, gap {} ms",
-            if quick { " (--quick)" } else { "" },
-            pages * 2,
-            gap.as_millis()
-        );
-    }
+/// Pool size, runs and idle gap of one measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// 2 MiB pages in the pool.
+    pub pages: u64,
+    /// Runs per mode.
+    pub runs: usize,
+    /// Idle time between the last write of the memory and the timed allocation.
+    pub gap: Duration,
+}
+
+/// Both backings' samples; hugetlb's may say why it was skipped.
+struct Measured {
+    thp: Series,
+    hugetlb: Result<Series, String>,
+}
+
+fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error>> {
+    let Plan { pages, runs, gap } = *plan;
     let progress = Progress::new(c, "bench prezero", runs as u64);
     let thp = run_backing(
         BackingKind::Anonymous { thp: true },
@@ -312,45 +315,79 @@ pub fn run(args: &PrezeroArgs) -> BenchResult {
     );
     progress.finish();
     let thp = thp?.map_err(|e| format!("THP pool: {e}"))?;
-    let available = HugetlbPoolCounters::read(2 << 20).map_or(0, |p| p.available());
-    let hugetlb = if available >= pages {
-        let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
-        let progress = Progress::new(c, "bench prezero (hugetlb)", runs as u64);
-        let r = run_backing(kind, pages, runs, gap, available >= 2 * pages, &progress);
-        progress.finish();
-        r?
-    } else {
-        Err(format!(
-            "hugetlb skipped: needs {pages} free 2 MiB huge pages (vm.nr_hugepages), {available} available"
-        ))
+    let hugetlb = match super::hugetlb_skip(pages) {
+        Some(why) => Err(why),
+        None => {
+            let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
+            let fault = super::hugetlb_skip(2 * pages).is_none();
+            let progress = Progress::new(c, "bench prezero (hugetlb)", runs as u64);
+            let r = run_backing(kind, pages, runs, gap, fault, &progress);
+            progress.finish();
+            r?
+        }
     };
+    Ok(Measured { thp, hugetlb })
+}
+
+fn to_json(plan: &Plan, quick: bool, m: &Measured) -> Value {
+    let thp_json = report(&m.thp);
+    json!({
+        "bench": "prezero",
+        "quick": quick,
+        "pages": plan.pages,
+        "page_bytes": 2 << 20,
+        "runs": plan.runs,
+        "gap_ms": plan.gap.as_millis() as u64,
+        "ratio_alloc_prezeroed_over_inline": thp_json["ratio_alloc_prezeroed_over_inline"],
+        "ratio_alloc_only_prezeroed_over_inline": thp_json["ratio_alloc_only_prezeroed_over_inline"],
+        "ratio_alloc_prezeroed_over_kernel_fault": thp_json["ratio_alloc_prezeroed_over_kernel_fault"],
+        "prezero_gb_per_s": thp_json["prezero"]["gb_per_s"],
+        "target": TARGET.to_json(thp_json["ratio_alloc_prezeroed_over_inline"].as_f64().unwrap_or(f64::NAN)),
+        "thp": thp_json,
+        "hugetlb": match &m.hugetlb { Ok(h) => report(h), Err(why) => json!({ "skipped": why }) },
+        "published": PUBLISHED,
+        "headline": "ratio_alloc_prezeroed_over_inline (same populated pool); ratio_alloc_prezeroed_over_kernel_fault is the published scenario",
+        "method": "pool all dirty (written, freed); timed: allocate every page zeroed + touch 1 byte per 4 KiB, thread CPU and wall; inline = the allocation path zeroes; prezeroed = prezero(all) on a background thread first (its cost under prezero); kernel_fault = a fresh never-touched pool, the kernel zeroes at fault (the published baseline); modes alternate per run, same gap since the memory was last written",
+    })
+}
+
+/// Runs `plan` on THP and, when enough 2 MiB pages are free, hugetlb; returns the
+/// benchmark's JSON object (what `--json` prints).
+pub fn measure(plan: &Plan, c: Common) -> Result<Value, Box<dyn std::error::Error>> {
+    Ok(to_json(plan, c.quick, &collect(plan, c)?))
+}
+
+/// Runs the benchmark.
+pub fn run(args: &PrezeroArgs) -> BenchResult {
+    let Common { quick, json } = args.common;
+    let c = args.common;
+    let plan = Plan {
+        pages: c.pick(args.pages, 64, 512),
+        runs: c.pick(args.runs, 5, 9),
+        gap: Duration::from_millis(c.pick(args.gap_ms, 20, 200)),
+    };
+    let Plan { pages, runs, gap } = plan;
+    if !json {
+        println!(
+            "bench prezero{}: {pages} x 2 MiB pages ({} MiB) allocated zeroed and touched, {runs} \
+             runs per mode, modes interleaved, gap {} ms",
+            if quick { " (--quick)" } else { "" },
+            pages * 2,
+            gap.as_millis()
+        );
+    }
+    let m = collect(&plan, c)?;
     if json {
-        let thp_json = report(&thp);
-        let out = json!({
-            "bench": "prezero",
-            "quick": quick,
-            "pages": pages,
-            "page_bytes": 2 << 20,
-            "runs": runs,
-            "gap_ms": gap.as_millis() as u64,
-            "ratio_alloc_prezeroed_over_inline": thp_json["ratio_alloc_prezeroed_over_inline"],
-            "ratio_alloc_only_prezeroed_over_inline": thp_json["ratio_alloc_only_prezeroed_over_inline"],
-            "ratio_alloc_prezeroed_over_kernel_fault": thp_json["ratio_alloc_prezeroed_over_kernel_fault"],
-            "prezero_gb_per_s": thp_json["prezero"]["gb_per_s"],
-            "thp": thp_json,
-            "hugetlb": match &hugetlb { Ok(h) => report(h), Err(why) => json!({ "skipped": why }) },
-            "published": PUBLISHED,
-            "headline": "ratio_alloc_prezeroed_over_inline (same populated pool); ratio_alloc_prezeroed_over_kernel_fault is the published scenario",
-            "target": TARGET.to_json(thp_json["ratio_alloc_prezeroed_over_inline"].as_f64().unwrap_or(f64::NAN)),
-            "method": "pool all dirty (written, freed); timed: allocate every page zeroed + touch 1 byte per 4 KiB, thread CPU and wall; inline = the allocation path zeroes; prezeroed = prezero(all) on a background thread first (its cost under prezero); kernel_fault = a fresh never-touched pool, the kernel zeroes at fault (the published baseline); modes alternate per run, same gap since the memory was last written",
-        });
-        println!("{out}");
+        println!("{}", to_json(&plan, quick, &m));
         return Ok(());
     }
-    print_table(&format!("prezero, THP, {pages} x 2 MiB, {runs} runs"), &thp);
-    match &hugetlb {
+    print_table(
+        &format!("prezero, THP, {pages} x 2 MiB, {runs} runs"),
+        &m.thp,
+    );
+    match &m.hugetlb {
         Ok(h) => print_table(&format!("prezero, hugetlb 2 MiB, {pages} pages"), h),
-        Err(why) => println!("{why}"),
+        Err(why) => println!("hugetlb {why}"),
     }
     println!("{PUBLISHED}");
     Ok(())

@@ -29,6 +29,7 @@ use zeronce_pool::files::{mount_from_env, MOUNT_ENV_2M};
 use zeronce_pool::{parse_size, Pool, PoolConfig, WorkerConfig};
 
 use super::stats::{time_it, Summary};
+use super::target::Target;
 use super::{at_least_one, millis, BenchResult, Common};
 
 /// Arguments of `zeronce bench vm-start`.
@@ -79,8 +80,11 @@ struct Step {
 #[derive(Default)]
 struct Series {
     steps: [Vec<Step>; 4],
-    /// Pool background zeroing, GB/s per run.
+    /// Pool background zeroing, GB/s per run: bytes over the time spent zeroing pages.
     prezero_gb_s: Vec<f64>,
+    /// The same bytes over the whole `prezero` call (hole check, mapping, bookkeeping,
+    /// state file): the rate a client waiting on the zeroer sees.
+    prezero_call_gb_s: Vec<f64>,
     /// One-pass streaming zeroing of populated hugetlb memory, GB/s per run.
     stream_gb_s: Vec<f64>,
     /// Pages the take zeroed inline per `pool_inline` sample (should be all).
@@ -176,6 +180,8 @@ fn pool_step(pool: &Pool, size: u64, gap: Duration, s: &mut Series, mode: usize)
         let nanos = after.zeroing_nanos - before.zeroing_nanos;
         let bytes = report.pages_zeroed * PAGE.bytes() as u64;
         s.prezero_gb_s.push(bytes as f64 / nanos.max(1) as f64);
+        s.prezero_call_gb_s
+            .push(bytes as f64 / report.elapsed.as_nanos().max(1) as f64);
         written = Instant::now();
     }
     std::thread::sleep(gap);
@@ -225,20 +231,50 @@ fn mode_json(steps: &[Step]) -> (Value, f64) {
     )
 }
 
-/// Runs the benchmark.
-pub fn run(args: &VmStartArgs) -> BenchResult {
-    let Common { quick, json } = args.common;
-    let c = args.common;
-    let size = c.pick(args.size, 256 << 20, 1 << 30);
-    let runs = c.pick(args.runs, 3, 7);
-    let gap = Duration::from_millis(c.pick(args.gap_ms, 100, 500));
+/// What one `vm-start` measurement does: `size` bytes, `runs` runs per mode, `gap` of
+/// idle time before each timed step, on the hugetlbfs mount `dir` (2 MiB pages).
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Guest memory per mode, a multiple of 2 MiB.
+    pub size: u64,
+    /// Runs per mode.
+    pub runs: usize,
+    /// Idle time before each timed step.
+    pub gap: Duration,
+    /// The hugetlbfs mount.
+    pub dir: PathBuf,
+}
+
+impl Plan {
+    /// Free 2 MiB huge pages the plan needs: a pool file and a fresh file.
+    pub fn pages_needed(&self) -> u64 {
+        2 * self.size / PAGE.bytes() as u64
+    }
+}
+
+/// Free 2 MiB huge pages of the kernel's pool right now.
+pub fn pages_available() -> u64 {
+    HugetlbPoolCounters::read(PAGE.bytes()).map_or(0, |p| p.available())
+}
+
+/// The hugetlbfs mount of `--dir`, else of `$ZERONCE_HUGETLBFS_2M`; the error says how to
+/// set one up.
+pub fn mount(dir: Option<&Path>) -> Result<PathBuf, String> {
+    match dir {
+        Some(d) => Ok(d.to_owned()),
+        None => mount_from_env().map_err(|e| format!("{e} (or pass --dir; {MOUNT_ENV_2M})")),
+    }
+}
+
+/// Runs every mode of `plan` and returns the benchmark's JSON object (what `--json`
+/// prints).
+pub fn measure(plan: &Plan, quick: bool) -> Result<Value, Box<dyn std::error::Error>> {
+    let Plan {
+        size, runs, gap, ..
+    } = *plan;
     let page = PAGE.bytes() as u64;
-    let mount = match &args.dir {
-        Some(d) => d.clone(),
-        None => mount_from_env().map_err(|e| format!("{e} (or pass --dir; {MOUNT_ENV_2M})"))?,
-    };
-    let needed = 2 * size / page;
-    let available = HugetlbPoolCounters::read(PAGE.bytes())?.available();
+    let needed = plan.pages_needed();
+    let available = pages_available();
     if available < needed {
         return Err(format!(
             "vm-start needs {needed} free 2 MiB huge pages (a pool file and a fresh file of {} MiB), {available} available: \
@@ -248,7 +284,9 @@ pub fn run(args: &VmStartArgs) -> BenchResult {
         .into());
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let dir = mount.join(format!("bench-vm-start-{}", std::process::id()));
+    let dir = plan
+        .dir
+        .join(format!("bench-vm-start-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let state = std::env::temp_dir().join(format!("zeronce-vm-start-{}.state", std::process::id()));
     let result = (|| -> Result<Series, Box<dyn std::error::Error>> {
@@ -288,8 +326,21 @@ pub fn run(args: &VmStartArgs) -> BenchResult {
         medians[m] = median;
     }
     let prezero = summary(&s.prezero_gb_s).median;
+    let prezero_call = summary(&s.prezero_call_gb_s).median;
     let stream = summary(&s.stream_gb_s).median;
-    let out = json!({
+    // Paired per run (the zeroer and the streaming pass of the same run see the same
+    // load), then the median: what the target is judged on.
+    let over_stream = |rates: &[f64]| -> Vec<f64> {
+        rates
+            .iter()
+            .zip(&s.stream_gb_s)
+            .map(|(p, st)| p / st)
+            .collect()
+    };
+    let paired = over_stream(&s.prezero_gb_s);
+    let paired_call = over_stream(&s.prezero_call_gb_s);
+    let rate_ratio = summary(&paired).median;
+    Ok(json!({
         "bench": "vm-start",
         "quick": quick,
         "size_bytes": size,
@@ -303,44 +354,77 @@ pub fn run(args: &VmStartArgs) -> BenchResult {
         "ratio_prezeroed_over_fault_in_mt": medians[3] / medians[1],
         "ratio_inline_over_fault_in": medians[2] / medians[0],
         "prezero_gb_per_s": prezero,
+        "prezero_call_gb_per_s": prezero_call,
         "stream_zero_gb_per_s": stream,
-        "prezero_rate_over_stream_bandwidth": prezero / stream,
-        "targets": {"ratio_prezeroed_over_fault_in": "<= 0.05", "prezero_rate_over_stream_bandwidth": ">= 0.8"},
+        "prezero_rate_over_stream_bandwidth": rate_ratio,
+        "prezero_rate_over_stream_bandwidth_per_run": paired,
+        "prezero_call_rate_over_stream_bandwidth": summary(&paired_call).median,
+        "targets": {
+            "ratio_prezeroed_over_fault_in": RATIO_TARGET.to_json(medians[3] / medians[0]),
+            "prezero_rate_over_stream_bandwidth": RATE_TARGET.to_json(rate_ratio),
+        },
         "seed": "hugetlb pre-zeroing series (Skylake, 64 x 1 GiB): ~16 s to fault in without pre-zeroing, negligible with",
-        "method": "time to ready = (fault_in) map a fresh hugetlbfs file + MADV_POPULATE_WRITE on 1 or one-per-CPU threads; (pool) take + map + MADV_POPULATE_WRITE, the file written by the previous user and zeroed inline at take or in the background before; wall medians; modes rotate per run",
-    });
+        "method": "time to ready = (fault_in) map a fresh hugetlbfs file + MADV_POPULATE_WRITE on 1 or one-per-CPU threads; (pool) take + map + MADV_POPULATE_WRITE, the file written by the previous user and zeroed inline at take or in the background before; wall medians; modes rotate per run; prezero rate = bytes / time zeroing pages (prezero_call: / the whole prezero call), paired per run with a one-pass streaming zero of populated hugetlb memory",
+    }))
+}
+
+/// Target of `ratio_prezeroed_over_fault_in`.
+pub const RATIO_TARGET: Target = Target::AtMost(0.05);
+/// Target of `prezero_rate_over_stream_bandwidth`.
+pub const RATE_TARGET: Target = Target::AtLeast(0.8);
+
+/// Runs the benchmark.
+pub fn run(args: &VmStartArgs) -> BenchResult {
+    let Common { quick, json } = args.common;
+    let c = args.common;
+    let plan = Plan {
+        size: c.pick(args.size, 256 << 20, 1 << 30),
+        runs: c.pick(args.runs, 3, 7),
+        gap: Duration::from_millis(c.pick(args.gap_ms, 100, 500)),
+        dir: mount(args.dir.as_deref())?,
+    };
+    let out = measure(&plan, quick)?;
     if json {
         println!("{out}");
         return Ok(());
     }
+    let (size, runs) = (plan.size, plan.runs);
     if quick {
         println!(
             "(--quick: {} MiB, {runs} runs, gap {} ms)",
             size >> 20,
-            gap.as_millis()
+            plan.gap.as_millis()
         );
     }
     println!(
         "vm-start: {} MiB of 2 MiB hugetlb pages, {runs} runs, median wall time to ready",
         size >> 20
     );
-    for (m, name) in MODES.iter().enumerate() {
-        let v = &out["modes"][*name];
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    for name in MODES {
+        let v = &out["modes"][name];
         println!(
             "  {name:<15} {:>9.2} ms   idle before {:>6.0} ms   cold samples {}",
-            medians[m],
-            v["idle_before_ms"]["median"].as_f64().unwrap_or(f64::NAN),
+            f(&v["ready_wall_ms"]["median"]),
+            f(&v["idle_before_ms"]["median"]),
             v["cold_samples"]
         );
     }
+    let ratio = f(&out["ratio_prezeroed_over_fault_in"]);
     println!(
-        "  ratio prezeroed / fault_in {:.4} (target <= 0.05); / fault_in_mt ({threads} threads) {:.4}",
-        medians[3] / medians[0],
-        medians[3] / medians[1]
+        "  ratio prezeroed / fault_in {ratio:.4} ({}); / fault_in_mt ({} threads) {:.4}",
+        RATIO_TARGET.verdict(ratio),
+        out["fault_threads"],
+        f(&out["ratio_prezeroed_over_fault_in_mt"])
     );
+    let rate = f(&out["prezero_rate_over_stream_bandwidth"]);
     println!(
-        "  background zeroing {prezero:.1} GB/s vs streaming zero {stream:.1} GB/s: {:.2} (target >= 0.8)",
-        prezero / stream
+        "  background zeroing {:.1} GB/s ({:.1} GB/s over the whole prezero call) vs streaming \
+         zero {:.1} GB/s: {rate:.2}, paired per run ({})",
+        f(&out["prezero_gb_per_s"]),
+        f(&out["prezero_call_gb_per_s"]),
+        f(&out["stream_zero_gb_per_s"]),
+        RATE_TARGET.verdict(rate)
     );
     Ok(())
 }

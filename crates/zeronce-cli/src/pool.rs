@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use zeronce_mem::HugePageSize;
-use zeronce_pool::client::Client;
+use zeronce_pool::client::{Client, TakeOptions};
 use zeronce_pool::server::Server;
 use zeronce_pool::{parse_cpu_list, parse_size, Pool, PoolConfig, WorkerConfig};
 
@@ -107,6 +107,12 @@ pub struct TakeArgs {
     /// `{fd}` in its arguments becomes the descriptor number, and ZERONCE_POOL_FD is set.
     #[arg(long, requires = "command")]
     pub fd: bool,
+    /// With --fd: tie the file to this command's life instead of an explicit return.
+    /// When this process ends (the command exited, or this process was killed) without
+    /// a return, the daemon reclaims the file once no process has it open or mapped any
+    /// more (a VMM the command started keeps it while it runs).
+    #[arg(long, requires = "fd")]
+    pub lease: bool,
     #[command(flatten)]
     pub socket: SocketArg,
     /// The command to run with --fd.
@@ -190,7 +196,12 @@ fn serve(args: ServeArgs) -> PoolResult {
 
 fn take(args: &TakeArgs) -> PoolResult {
     let mut client = connect(&args.socket.socket)?;
-    let taken = client.take(args.size, args.fd, args.wait)?;
+    let how = TakeOptions {
+        fd: args.fd,
+        wait: args.wait,
+        lease: args.lease,
+    };
+    let taken = client.take(args.size, how)?;
     if !args.fd {
         println!("{}", taken.path.display());
         return Ok(());
@@ -207,11 +218,18 @@ fn take(args: &TakeArgs) -> PoolResult {
         .env("ZERONCE_POOL_FD", &n)
         .env("ZERONCE_POOL_PATH", &taken.path)
         .status()?;
-    eprintln!(
-        "zeronce pool: {} stays taken; `zeronce pool return {}` gives it back",
-        taken.path.display(),
-        taken.path.display()
-    );
+    if args.lease {
+        eprintln!(
+            "zeronce pool: lease on {} ends; the daemon reclaims it once no process uses it",
+            taken.path.display()
+        );
+    } else {
+        eprintln!(
+            "zeronce pool: {} stays taken; `zeronce pool return {}` gives it back",
+            taken.path.display(),
+            taken.path.display()
+        );
+    }
     if !status.success() {
         return Err(format!("{program} exited with {status}").into());
     }

@@ -56,6 +56,18 @@ pub struct Client {
     pending: Vec<u8>,
 }
 
+/// How [`Client::take`] takes a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TakeOptions {
+    /// Receive the file's descriptor with the reply (`SCM_RIGHTS`).
+    pub fd: bool,
+    /// Wait for a file being zeroed when none is free.
+    pub wait: bool,
+    /// Tie the file to this connection: closing it without a return orphans the file,
+    /// which the daemon reclaims once no process has it open or mapped.
+    pub lease: bool,
+}
+
 impl Client {
     /// Connects to the daemon's socket.
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
@@ -125,9 +137,16 @@ impl Client {
         self.read_reply()
     }
 
-    /// Takes a file of at least `bytes` (with its descriptor if `fd`).
-    pub fn take(&mut self, bytes: u64, fd: bool, wait: bool) -> Result<TakenFile, ClientError> {
-        let (v, mut fds) = self.request(&Request::Take { bytes, fd, wait })?;
+    /// Takes a file of at least `bytes`, as `how` says (its descriptor, waiting, a lease
+    /// on this connection).
+    pub fn take(&mut self, bytes: u64, how: TakeOptions) -> Result<TakenFile, ClientError> {
+        let TakeOptions { fd, wait, lease } = how;
+        let (v, mut fds) = self.request(&Request::Take {
+            bytes,
+            fd,
+            wait,
+            lease,
+        })?;
         let path = v["path"]
             .as_str()
             .ok_or_else(|| ClientError::BadReply(format!("take reply without path: {v}")))?;

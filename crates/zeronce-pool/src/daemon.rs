@@ -2,7 +2,7 @@
 //! state file, and the "zeroable pages appeared" notifications.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -139,6 +139,8 @@ pub(crate) struct Shared {
     persisted_generation: Mutex<Option<u64>>,
     subscribers: Subscribers,
     pub(crate) kernel: ZeroKernel,
+    /// Checks of orphaned files' users done so far.
+    orphan_checks: AtomicU64,
 }
 
 impl Shared {
@@ -301,6 +303,7 @@ impl Pool {
             persisted_generation: Mutex::new(None),
             subscribers,
             kernel: ZeroKernel::auto(page as usize),
+            orphan_checks: AtomicU64::new(0),
         });
         shared.persist()?;
         {
@@ -399,6 +402,58 @@ impl Pool {
         Ok(path)
     }
 
+    /// Ties a file just taken to its client's connection (see [`Pool::end_lease`]).
+    pub fn lease(&self, file: FileId) -> Result<(), PoolError> {
+        self.shared.lock().pool.lease(file)?;
+        self.shared.persist()
+    }
+
+    /// The connection that leased `file` closed. If the file was not returned, it is
+    /// orphaned: reclaimed (re-zeroed) only once no process has it open or mapped
+    /// ([`Pool::reclaim_orphans`], also run here).
+    pub fn end_lease(&self, file: FileId) -> Result<(), PoolError> {
+        if self.shared.lock().pool.end_lease(file) {
+            tracing::warn!(path = %self.path(file).display(), "lease ended without a return: file orphaned");
+            self.shared.persist()?;
+            self.reclaim_orphans()?;
+        }
+        Ok(())
+    }
+
+    /// Checks every orphaned file for processes that have it open or mapped (`/proc`),
+    /// and reclaims those none has as dirty work. Returns how many stay orphaned.
+    pub fn reclaim_orphans(&self) -> Result<usize, PoolError> {
+        let s = &self.shared;
+        let orphans = s.lock().pool.orphans();
+        let mut left = 0;
+        for file in orphans {
+            let path = self.path(file);
+            match crate::usage::usage(&path) {
+                Ok(crate::usage::Usage::Unused) => {
+                    let mut inner = s.lock();
+                    // Returned meanwhile: nothing to reclaim.
+                    if inner.pool.reclaim(file).is_ok() {
+                        s.zeroable_grew(&mut inner);
+                        drop(inner);
+                        s.changed.notify_all();
+                        tracing::info!(path = %path.display(), "orphaned file unused: reclaimed");
+                    }
+                }
+                Ok(user) => {
+                    tracing::debug!(path = %path.display(), ?user, "orphaned file still in use");
+                    left += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), %e, "cannot check an orphaned file's users");
+                    left += 1;
+                }
+            }
+        }
+        s.orphan_checks.fetch_add(1, Ordering::Relaxed);
+        s.persist()?;
+        Ok(left)
+    }
+
     /// Zeroes up to `pages` zeroable pages now, on this thread (paced like the workers).
     pub fn prezero(&self, pages: u64) -> PrezeroReport {
         let s = &self.shared;
@@ -432,6 +487,7 @@ impl Pool {
             pages: inner.pool.counts(),
             counters: inner.pool.counters(),
             events: inner.notifier.fired(),
+            orphan_checks: self.shared.orphan_checks.load(Ordering::Relaxed),
         }
     }
 

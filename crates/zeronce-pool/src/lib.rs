@@ -35,6 +35,7 @@ pub mod persist;
 pub mod proto;
 pub mod server;
 pub mod state;
+pub mod usage;
 mod worker;
 
 pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Served, Taken};
@@ -58,6 +59,8 @@ pub struct Stats {
     pub counters: PoolCounters,
     /// "Zeroable pages appeared" events delivered.
     pub events: u64,
+    /// Checks of orphaned files' users done so far.
+    pub orphan_checks: u64,
 }
 
 impl Stats {
@@ -81,7 +84,7 @@ impl Stats {
             "files": self.files,
             "pages": {
                 "total": p.total(), "free_zero": p.free_zero, "zeroable": p.zeroable,
-                "in_use": p.in_use, "zeroing": p.zeroing,
+                "in_use": p.in_use, "zeroing": p.zeroing, "orphaned": p.orphaned,
             },
             "counters": {
                 "takes": c.takes, "takes_prezeroed": c.takes_prezeroed,
@@ -91,6 +94,9 @@ impl Stats {
                 "pages_zeroed_inline": c.pages_zeroed_inline,
                 "pages_repopulated": c.pages_repopulated,
                 "jobs_interrupted": c.jobs_interrupted,
+                "leases_orphaned": c.leases_orphaned,
+                "orphans_reclaimed": c.orphans_reclaimed,
+                "orphan_checks": self.orphan_checks,
                 "events": self.events,
             },
             "zeroing_gb_per_s": self.zeroing_gb_per_s(),

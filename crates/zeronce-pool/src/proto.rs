@@ -15,6 +15,9 @@ pub enum Request {
         fd: bool,
         /// Wait for a file being zeroed when none is free (else fail at once).
         wait: bool,
+        /// Tie the file to this connection: if it closes without a return, the file is
+        /// orphaned and reclaimed once no process has it open or mapped.
+        lease: bool,
     },
     /// Give a file back.
     Return {
@@ -56,6 +59,7 @@ impl Request {
                 bytes: num("bytes")?,
                 fd: flag("fd"),
                 wait: flag("wait"),
+                lease: flag("lease"),
             },
             "return" => Request::Return {
                 path: v["path"]
@@ -75,8 +79,13 @@ impl Request {
     /// As one line (with its newline).
     pub fn to_line(&self) -> String {
         let v = match self {
-            Request::Take { bytes, fd, wait } => {
-                json!({"op": "take", "bytes": bytes, "fd": fd, "wait": wait})
+            Request::Take {
+                bytes,
+                fd,
+                wait,
+                lease,
+            } => {
+                json!({"op": "take", "bytes": bytes, "fd": fd, "wait": wait, "lease": lease})
             }
             Request::Return { path } => json!({"op": "return", "path": path}),
             Request::Stats => json!({"op": "stats"}),
@@ -103,6 +112,7 @@ mod tests {
                 bytes: 1 << 30,
                 fd: true,
                 wait: false,
+                lease: true,
             },
             Request::Return {
                 path: "/mnt/x".into(),

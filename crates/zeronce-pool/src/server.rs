@@ -104,6 +104,7 @@ impl Server {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         };
+        let mut ticks: u64 = 0;
         let result = loop {
             if self.stop.load(Ordering::Acquire) {
                 tracing::info!("shutting down");
@@ -117,6 +118,13 @@ impl Server {
                         path: self.path.clone(),
                         source: e.into(),
                     })
+                }
+            }
+            ticks += 1;
+            // Orphaned files: look for their users about once a second.
+            if ticks.is_multiple_of(10) && self.pool.stats().pages.orphaned > 0 {
+                if let Err(e) = self.pool.reclaim_orphans() {
+                    tracing::error!(%e, "checking orphaned files failed");
                 }
             }
             match self.listener.accept() {
@@ -175,7 +183,24 @@ fn send_line(
     Ok(())
 }
 
+/// Serves one connection; files it leased and did not return are orphaned when it ends,
+/// however it ends.
 fn serve_client(pool: &Pool, stream: UnixStream) -> std::io::Result<()> {
+    let mut leases = Vec::new();
+    let result = serve_requests(pool, stream, &mut leases);
+    for file in leases {
+        if let Err(e) = pool.end_lease(file) {
+            tracing::error!(%e, "ending a lease failed");
+        }
+    }
+    result
+}
+
+fn serve_requests(
+    pool: &Pool,
+    stream: UnixStream,
+    leases: &mut Vec<crate::state::FileId>,
+) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     let reader = BufReader::new(stream.try_clone()?);
     for line in reader.lines() {
@@ -193,8 +218,21 @@ fn serve_client(pool: &Pool, stream: UnixStream) -> std::io::Result<()> {
         };
         match request {
             Request::Watch => return watch(pool, stream),
-            Request::Take { bytes, fd, wait } => match pool.take(bytes, wait) {
+            Request::Take {
+                bytes,
+                fd,
+                wait,
+                lease,
+            } => match pool.take(bytes, wait) {
                 Ok(taken) => {
+                    if lease {
+                        // Before the client learns the path: a client dying from here
+                        // on orphans the file.
+                        match pool.lease(taken.file) {
+                            Ok(()) => leases.push(taken.file),
+                            Err(e) => tracing::error!(%e, "lease not recorded; the file is held"),
+                        }
+                    }
                     let reply = json!({
                         "ok": true, "path": taken.path, "bytes": taken.bytes,
                         "served": taken.served.name(), "fd": fd,
@@ -218,7 +256,10 @@ fn serve_client(pool: &Pool, stream: UnixStream) -> std::io::Result<()> {
             },
             Request::Return { path } => {
                 let reply = match pool.give_back(Path::new(&path)) {
-                    Ok(p) => json!({"ok": true, "path": p}),
+                    Ok(p) => {
+                        leases.retain(|&f| pool.path(f) != p);
+                        json!({"ok": true, "path": p})
+                    }
                     Err(e) => pool_error(&e),
                 };
                 send_line(&stream, &reply, None)?;

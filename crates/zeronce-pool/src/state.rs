@@ -10,6 +10,9 @@
 //! | taken while `Ready` | `Held` |
 //! | taken while `Dirty` (no file ready) | `Zeroing { inline }`, then `Held` |
 //! | returned by its client | `Dirty` (holes unchecked, every page dirty) |
+//! | taken on a lease ([`PoolState::lease`]) | `Leased` |
+//! | the lease's connection closed without a return | `Orphaned` |
+//! | orphaned, and no process has it open or mapped ([`PoolState::reclaim`]) | `Dirty` (as returned) |
 //! | picked by a zeroer ([`PoolState::next_job`]) | `Zeroing { background }` |
 //! | job finished, nothing left to do | `Ready` |
 //! | job stopped early (cancelled, page budget, failure) | `Dirty` with what is left |
@@ -54,6 +57,11 @@ pub enum FileState {
     Ready,
     /// Handed to a client.
     Held,
+    /// Handed to a client on a lease: its while the client's connection lives.
+    Leased,
+    /// Its lease ended without a return. Never zeroed while a process may still have it
+    /// open or mapped (a guest may be running on it); reclaimed once none has.
+    Orphaned,
     /// Free, with work left: `dirty[i]` = page `i` may hold data; `holes_checked` =
     /// missing pages were looked for and repopulated since the file came back.
     Dirty {
@@ -80,6 +88,9 @@ pub enum Persisted {
     Zero,
     /// Held by a client: never zeroed until returned.
     Held,
+    /// Leased or orphaned: no lease survives a restart, so it is checked for users and
+    /// reclaimed once none has it open or mapped.
+    Orphaned,
     /// Anything else: must be zeroed (and checked for holes) before use.
     Dirty,
 }
@@ -90,15 +101,21 @@ impl Persisted {
         match self {
             Persisted::Zero => "zero",
             Persisted::Held => "held",
+            Persisted::Orphaned => "orphaned",
             Persisted::Dirty => "dirty",
         }
     }
 
     /// Parses [`Persisted::name`].
     pub fn from_name(name: &str) -> Option<Persisted> {
-        [Persisted::Zero, Persisted::Held, Persisted::Dirty]
-            .into_iter()
-            .find(|p| p.name() == name)
+        [
+            Persisted::Zero,
+            Persisted::Held,
+            Persisted::Orphaned,
+            Persisted::Dirty,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
     }
 }
 
@@ -147,6 +164,10 @@ pub struct PoolCounters {
     pub pages_repopulated: u64,
     /// Jobs stopped before their end (cancelled, budget, failure).
     pub jobs_interrupted: u64,
+    /// Leases whose connection closed without returning the file.
+    pub leases_orphaned: u64,
+    /// Orphaned files reclaimed (no process had them open or mapped any more).
+    pub orphans_reclaimed: u64,
     /// Nanoseconds zeroers spent zeroing pages (for the zeroing rate).
     pub zeroing_nanos: u64,
 }
@@ -162,12 +183,14 @@ pub struct PageCounts {
     pub in_use: u64,
     /// Pages of files a job has.
     pub zeroing: u64,
+    /// Pages of orphaned files (lease ended, not yet reclaimed).
+    pub orphaned: u64,
 }
 
 impl PageCounts {
     /// All pages.
     pub fn total(&self) -> u64 {
-        self.free_zero + self.zeroable + self.in_use + self.zeroing
+        self.free_zero + self.zeroable + self.in_use + self.zeroing + self.orphaned
     }
 }
 
@@ -194,6 +217,9 @@ pub enum StateError {
     /// The file is not held (double return, or return of a free file).
     #[error("{0} is not held by a client")]
     NotHeld(String),
+    /// Lease or reclaim of a file not in the state it needs.
+    #[error("file {0:?} is not {1}")]
+    NotInState(FileId, &'static str),
     /// The job's file is not being zeroed by that job (a bug in the effect layer).
     #[error("file {0:?} is not being zeroed")]
     NotZeroing(FileId),
@@ -247,6 +273,7 @@ impl PoolState {
             let id = FileId(pool.files.len());
             let state = match recorded {
                 Some(Persisted::Held) => FileState::Held,
+                Some(Persisted::Orphaned) => FileState::Orphaned,
                 Some(Persisted::Zero) => pool.unchecked(false),
                 Some(Persisted::Dirty) | None => pool.unchecked(true),
             };
@@ -319,14 +346,7 @@ impl PoolState {
     pub fn persisted(&self) -> Vec<(&str, Persisted)> {
         self.files
             .iter()
-            .map(|f| {
-                let p = match f.state {
-                    FileState::Ready => Persisted::Zero,
-                    FileState::Held => Persisted::Held,
-                    FileState::Dirty { .. } | FileState::Zeroing { .. } => Persisted::Dirty,
-                };
-                (f.name.as_str(), p)
-            })
+            .map(|f| (f.name.as_str(), persisted_of(&f.state)))
             .collect()
     }
 
@@ -339,11 +359,7 @@ impl PoolState {
     }
 
     fn persisted_one(&self, file: FileId) -> Persisted {
-        match self.files[file.0].state {
-            FileState::Ready => Persisted::Zero,
-            FileState::Held => Persisted::Held,
-            _ => Persisted::Dirty,
-        }
+        persisted_of(&self.files[file.0].state)
     }
 
     /// Hands out a file of at least `bytes`: a ready one if any, else a dirty one the
@@ -380,7 +396,10 @@ impl PoolState {
         let file = self
             .find(name)
             .ok_or_else(|| StateError::Unknown(name.to_owned()))?;
-        if self.files[file.0].state != FileState::Held {
+        if !matches!(
+            self.files[file.0].state,
+            FileState::Held | FileState::Leased | FileState::Orphaned
+        ) {
             return Err(StateError::NotHeld(name.to_owned()));
         }
         let state = self.unchecked(true);
@@ -388,6 +407,57 @@ impl PoolState {
         self.work.push_back(file);
         self.counters.returns += 1;
         Ok(file)
+    }
+
+    /// Ties a held file to its client's connection.
+    pub fn lease(&mut self, file: FileId) -> Result<(), StateError> {
+        self.transition(file, FileState::Held, FileState::Leased)
+    }
+
+    /// The lease's connection closed: a file still leased becomes orphaned (`true`); one
+    /// already returned is left alone (`false`).
+    pub fn end_lease(&mut self, file: FileId) -> bool {
+        let orphaned = self
+            .transition(file, FileState::Leased, FileState::Orphaned)
+            .is_ok();
+        self.counters.leases_orphaned += u64::from(orphaned);
+        orphaned
+    }
+
+    /// Orphaned files, to check for users.
+    pub fn orphans(&self) -> Vec<FileId> {
+        (0..self.files.len())
+            .map(FileId)
+            .filter(|&f| self.files[f.0].state == FileState::Orphaned)
+            .collect()
+    }
+
+    /// No process has an orphaned file open or mapped: it becomes dirty work, as if
+    /// returned.
+    pub fn reclaim(&mut self, file: FileId) -> Result<(), StateError> {
+        let dirty = self.unchecked(true);
+        self.transition(file, FileState::Orphaned, dirty)?;
+        self.work.push_back(file);
+        self.counters.orphans_reclaimed += 1;
+        Ok(())
+    }
+
+    fn transition(
+        &mut self,
+        file: FileId,
+        from: FileState,
+        to: FileState,
+    ) -> Result<(), StateError> {
+        let name = match from {
+            FileState::Held => "held",
+            FileState::Leased => "leased",
+            _ => "orphaned",
+        };
+        if self.files.get(file.0).map(|f| &f.state) != Some(&from) {
+            return Err(StateError::NotInState(file, name));
+        }
+        self.set(file, to);
+        Ok(())
     }
 
     /// Whether a free file waits for a job (dirty pages, or holes to check).
@@ -523,7 +593,8 @@ impl PoolState {
         for f in &self.files {
             match &f.state {
                 FileState::Ready => c.free_zero += per,
-                FileState::Held => c.in_use += per,
+                FileState::Held | FileState::Leased => c.in_use += per,
+                FileState::Orphaned => c.orphaned += per,
                 FileState::Zeroing { .. } => c.zeroing += per,
                 FileState::Dirty { dirty, .. } => {
                     // Holes read zero: a page is work only if it may hold data.
@@ -534,6 +605,16 @@ impl PoolState {
             }
         }
         c
+    }
+}
+
+/// How a file in `state` is recorded.
+fn persisted_of(state: &FileState) -> Persisted {
+    match state {
+        FileState::Ready => Persisted::Zero,
+        FileState::Held => Persisted::Held,
+        FileState::Leased | FileState::Orphaned => Persisted::Orphaned,
+        FileState::Dirty { .. } | FileState::Zeroing { .. } => Persisted::Dirty,
     }
 }
 

@@ -110,7 +110,7 @@ fn field(sec: &Value, key: &str) -> Result<f64, String> {
 fn free_page_reporting(c: Common) -> Result<Design, Box<dyn std::error::Error>> {
     let plan = churn::Plan {
         rounds: c.pick(None, 2, 5),
-        trial: Duration::from_secs_f64(c.pick(None, 0.2, 0.6)),
+        trial: Duration::from_secs_f64(c.pick(None, 0.2, 0.5)),
         delays: vec![Duration::from_millis(100)],
         configs: vec![(9, 1), (0, 1)],
     };
@@ -171,7 +171,7 @@ fn skip_redundant_zeroing(c: Common) -> Result<Design, Box<dyn std::error::Error
     let plan = alloc_once::Plan {
         arena: c.pick(None, 512 << 20, 2 << 30),
         size: c.pick(None, 64 << 20, 256 << 20),
-        runs: c.pick(None, 3, 5),
+        runs: c.pick(None, 3, 4),
         gap: Duration::from_millis(c.pick(None, 50, 200)),
     };
     let out = alloc_once::measure(&plan, c)?;
@@ -277,7 +277,7 @@ fn hugetlb_prezeroing(
         .unwrap_or(f64::NAN)
         / f64::from(1u32 << 30);
     let plan = prezero::Plan {
-        pages: c.pick(None, 64, 512),
+        pages: c.pick(None, 64, 256),
         runs: c.pick(None, 3, 5),
         gap: Duration::from_millis(c.pick(None, 20, 200)),
     };
@@ -385,7 +385,7 @@ fn hugetlb_prezeroing(
 
 /// `vm-start` with this run's sizes, or why it could not run ("skipped: ...").
 fn vm_start_or_skip(c: Common, dir: Option<&std::path::Path>) -> Result<Value, String> {
-    let size: u64 = c.pick(None, 64 << 20, 512 << 20);
+    let size: u64 = c.pick(None, 64 << 20, 256 << 20);
     if let Some(why) = super::hugetlb_skip(2 * size / (2 << 20)) {
         return Err(why);
     }

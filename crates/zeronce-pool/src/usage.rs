@@ -1,0 +1,121 @@
+//! Whether a process other than the daemon still has a file open or mapped, read from
+//! `/proc/PID/fd` (descriptors) and `/proc/PID/maps` (mappings, which outlive the
+//! descriptor they were made from: a VMM may close the file and keep running on its
+//! mapping). The daemon asks before it reclaims an orphaned file: zeroing pages a guest
+//! is still running on would corrupt it.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Who uses a file, as far as `/proc` says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Usage {
+    /// No other process has it open or mapped.
+    Unused,
+    /// This process has it open or mapped.
+    UsedBy(u32),
+    /// Some process could not be inspected (permissions): assume it may be in use.
+    Unknown(String),
+}
+
+/// Scans every process but this one for `path` (matched by device and inode).
+pub fn usage(path: &Path) -> std::io::Result<Usage> {
+    let meta = fs::metadata(path)?;
+    let (dev, ino) = (meta.dev(), meta.ino());
+    let me = std::process::id();
+    let mut unknown = None;
+    for entry in fs::read_dir("/proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        match process_uses(pid, dev, ino) {
+            Ok(true) => return Ok(Usage::UsedBy(pid)),
+            Ok(false) => {}
+            // The process exited meanwhile.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => unknown = Some(format!("process {pid}: {e}")),
+        }
+    }
+    Ok(unknown.map_or(Usage::Unused, Usage::Unknown))
+}
+
+/// Whether process `pid` has the file (`dev`, `ino`) open or mapped.
+fn process_uses(pid: u32, dev: u64, ino: u64) -> std::io::Result<bool> {
+    let base = Path::new("/proc").join(pid.to_string());
+    for fd in fs::read_dir(base.join("fd"))? {
+        let Ok(fd) = fd else { continue };
+        if let Ok(m) = fs::metadata(fd.path()) {
+            if m.dev() == dev && m.ino() == ino {
+                return Ok(true);
+            }
+        }
+    }
+    let maps = fs::read_to_string(base.join("maps"))?;
+    let want = (rustix::fs::major(dev), rustix::fs::minor(dev));
+    Ok(maps.lines().any(|line| maps_line_is(line, want, ino)))
+}
+
+/// Whether one `/proc/PID/maps` line (`start-end perms offset MAJ:MIN inode path`) maps
+/// the file (`major`, `minor`), `ino`.
+fn maps_line_is(line: &str, (major, minor): (u32, u32), ino: u64) -> bool {
+    let mut fields = line.split_whitespace().skip(3);
+    let (Some(device), Some(inode)) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    let Some((maj, min)) = device.split_once(':') else {
+        return false;
+    };
+    u32::from_str_radix(maj, 16) == Ok(major)
+        && u32::from_str_radix(min, 16) == Ok(minor)
+        && inode.parse::<u64>() == Ok(ino)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_match_by_device_and_inode() {
+        let line =
+            "7f1c00000000-7f1c00400000 rw-s 00000000 00:2e 1234   /mnt/huge/zeronce-pool-0000";
+        assert!(maps_line_is(line, (0, 0x2e), 1234));
+        assert!(!maps_line_is(line, (0, 0x2e), 1235));
+        assert!(!maps_line_is(line, (8, 1), 1234));
+        assert!(!maps_line_is(
+            "7f1c0000-7f1c1000 r--p 00000000 00:00 0",
+            (0, 0x2e),
+            1234
+        ));
+        assert!(!maps_line_is("garbage", (0, 0), 0));
+    }
+
+    #[test]
+    fn a_file_another_process_holds_is_in_use_and_unused_after() {
+        let path = std::env::temp_dir().join(format!("zeronce-usage-{}", std::process::id()));
+        fs::write(&path, b"x").unwrap();
+        // This process's own descriptors do not count.
+        let _mine = fs::File::open(&path).unwrap();
+        assert_eq!(usage(&path).unwrap(), Usage::Unused);
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(fs::File::open(&path).unwrap())
+            .spawn()
+            .expect("run sleep");
+        let seen = usage(&path).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(seen, Usage::UsedBy(child.id()));
+        assert_eq!(usage(&path).unwrap(), Usage::Unused);
+        fs::remove_file(&path).unwrap();
+    }
+}

@@ -429,7 +429,10 @@ impl Pool {
         for file in orphans {
             let path = self.path(file);
             match crate::usage::usage(&path) {
-                Ok(crate::usage::Usage::Unused) => {
+                Ok(crate::usage::Usage::Unused { not_inspected }) => {
+                    if not_inspected > 0 {
+                        tracing::debug!(not_inspected, "processes not inspected for orphan users");
+                    }
                     let mut inner = s.lock();
                     // Returned meanwhile: nothing to reclaim.
                     if inner.pool.reclaim(file).is_ok() {

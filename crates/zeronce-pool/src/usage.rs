@@ -3,6 +3,13 @@
 //! descriptor they were made from: a VMM may close the file and keep running on its
 //! mapping). The daemon asks before it reclaims an orphaned file: zeroing pages a guest
 //! is still running on would corrupt it.
+//!
+//! A process the daemon may not inspect (`EACCES`: more privileged than the daemon, in
+//! another user namespace, or not dumpable) is not seen. Such a process could only write
+//! to the file if it could open it read-write, which the pool's files (created by the
+//! daemon, mode 0644 under the usual umask) allow only to their owner and root: run the
+//! daemon as the user (or root) that runs the VMMs. The count of processes not inspected
+//! is logged.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -10,14 +17,16 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// Who uses a file, as far as `/proc` says.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Usage {
-    /// No other process has it open or mapped.
-    Unused,
+    /// No other process it could inspect has it open or mapped; `not_inspected`
+    /// processes could not be read.
+    Unused {
+        /// Processes whose `/proc` entries the caller may not read.
+        not_inspected: usize,
+    },
     /// This process has it open or mapped.
     UsedBy(u32),
-    /// Some process could not be inspected (permissions): assume it may be in use.
-    Unknown(String),
 }
 
 /// Scans every process but this one for `path` (matched by device and inode).
@@ -25,7 +34,7 @@ pub fn usage(path: &Path) -> std::io::Result<Usage> {
     let meta = fs::metadata(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
     let me = std::process::id();
-    let mut unknown = None;
+    let mut not_inspected = 0;
     for entry in fs::read_dir("/proc")? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
@@ -42,11 +51,14 @@ pub fn usage(path: &Path) -> std::io::Result<Usage> {
             Ok(true) => return Ok(Usage::UsedBy(pid)),
             Ok(false) => {}
             // The process exited meanwhile.
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => unknown = Some(format!("process {pid}: {e}")),
+            Err(e)
+                if e.kind() == ErrorKind::NotFound
+                    || e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => {}
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => not_inspected += 1,
+            Err(e) => return Err(e),
         }
     }
-    Ok(unknown.map_or(Usage::Unused, Usage::Unknown))
+    Ok(Usage::Unused { not_inspected })
 }
 
 /// Whether process `pid` has the file (`dev`, `ino`) open or mapped.
@@ -105,7 +117,7 @@ mod tests {
         fs::write(&path, b"x").unwrap();
         // This process's own descriptors do not count.
         let _mine = fs::File::open(&path).unwrap();
-        assert_eq!(usage(&path).unwrap(), Usage::Unused);
+        assert!(matches!(usage(&path).unwrap(), Usage::Unused { .. }));
         let mut child = std::process::Command::new("sleep")
             .arg("600")
             .stdin(fs::File::open(&path).unwrap())
@@ -115,7 +127,7 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(seen, Usage::UsedBy(child.id()));
-        assert_eq!(usage(&path).unwrap(), Usage::Unused);
+        assert!(matches!(usage(&path).unwrap(), Usage::Unused { .. }));
         fs::remove_file(&path).unwrap();
     }
 }

@@ -209,3 +209,52 @@ fn persisted_never_says_zero_for_a_file_with_work_or_a_client() {
         }
     }
 }
+
+#[test]
+fn an_orphaned_lease_is_never_work_until_reclaimed() {
+    let mut pool = PoolState::new(PAGE, 4, names(2));
+    zero_all(&mut pool);
+    let Ok(Take::Ready(f)) = pool.take(PAGE) else {
+        panic!("a ready file")
+    };
+    pool.lease(f).unwrap();
+    assert_eq!(pool.lease(f), Err(StateError::NotInState(f, "held")));
+    assert_eq!(persisted_of(&pool, "f0"), Persisted::Orphaned);
+    assert!(pool.end_lease(f));
+    assert!(!pool.end_lease(f), "a lease ends once");
+    assert_eq!(pool.counts().orphaned, 4);
+    assert_eq!(pool.counts().total(), 8);
+    assert!(pool.next_job(u64::MAX).is_none(), "an orphan is not zeroed");
+    assert_eq!(pool.orphans(), vec![f]);
+    pool.reclaim(f).unwrap();
+    assert_eq!(pool.reclaim(f), Err(StateError::NotInState(f, "orphaned")));
+    assert_eq!(pool.counts().zeroable, 4);
+    assert_eq!(pool.counters().leases_orphaned, 1);
+    assert_eq!(pool.counters().orphans_reclaimed, 1);
+    zero_all(&mut pool);
+
+    // Returned before its connection closed: nothing to orphan. An orphan may also be
+    // returned by path; a restart finds it orphaned.
+    let Ok(Take::Ready(g)) = pool.take(PAGE) else {
+        panic!("a ready file")
+    };
+    pool.lease(g).unwrap();
+    pool.give_back(pool.name(g).to_owned().as_str()).unwrap();
+    assert!(!pool.end_lease(g));
+    zero_all(&mut pool);
+    let Ok(Take::Ready(h)) = pool.take(PAGE) else {
+        panic!("a ready file")
+    };
+    pool.lease(h).unwrap();
+    assert!(pool.end_lease(h));
+    let restarted = PoolState::new(
+        PAGE,
+        4,
+        pool.persisted()
+            .into_iter()
+            .map(|(n, p)| (n.to_owned(), Some(p))),
+    );
+    assert_eq!(restarted.orphans(), vec![h]);
+    pool.give_back(pool.name(h).to_owned().as_str()).unwrap();
+    assert_eq!(pool.counts().orphaned, 0);
+}

@@ -7,7 +7,7 @@ use zeronce_mem::{ClaimError, DiscardError, DiscardOp, RamRange, SharedRam, Zero
 use zeronce_mm::{Order, Pfn};
 
 /// The claimed bytes of a block; empty once released.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct ClaimedBytes(Option<RamRange>);
 
 impl ClaimedBytes {

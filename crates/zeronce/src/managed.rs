@@ -9,9 +9,10 @@ use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, Rep
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
     MemoryManager, MmConfig, Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
+    PCP_MAX_ORDER,
 };
 
-use crate::caches::ThreadCaches;
+use crate::caches::{Kept, ThreadCaches};
 use crate::claimed::ClaimedBytes;
 use crate::error::Error;
 use crate::threads::PerThread;
@@ -164,6 +165,10 @@ pub(crate) trait BlockOwner: Send + Sync {
     ) -> Result<Allocation, AllocError>;
     /// Frees through the per-thread caches.
     fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError>;
+    /// A block freed dirty and kept for the calling thread (see [`ThreadCaches`]).
+    fn take_kept(&self, order: Order) -> Option<Kept>;
+    /// Keeps a block freed dirty for the calling thread; back when it is not kept.
+    fn keep(&self, kept: Kept) -> Result<(), Kept>;
 }
 
 impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
@@ -186,6 +191,12 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
     }
     fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
         self.caches.free(&self.mm, block, hint)
+    }
+    fn take_kept(&self, order: Order) -> Option<Kept> {
+        self.caches.take_kept(order)
+    }
+    fn keep(&self, kept: Kept) -> Result<(), Kept> {
+        self.caches.keep(kept)
     }
 }
 
@@ -241,6 +252,17 @@ pub(crate) fn alloc_prefix(
     let life = owner.life();
     if life.is_some_and(|l| l.init_on_alloc) {
         req.zeroed = true;
+    }
+    if !req.zeroed {
+        if let Some(Kept { alloc, bytes }) = owner.take_kept(order) {
+            // Allocated and claimed all along, and its chunk stayed `Used` (the block is
+            // smaller than a chunk): nothing to wait for or claim.
+            return Ok(PageBlock {
+                owner,
+                alloc,
+                bytes,
+            });
+        }
     }
     let alloc = owner.alloc(order, req, used_pages)?;
     if let Some(l) = life {
@@ -368,6 +390,22 @@ impl PageBlock {
                 zero_from
             };
             l.map.freed(block, zero_from);
+        }
+        if hint == FreeHint::Dirty
+            && block.order <= PCP_MAX_ORDER
+            && self
+                .owner
+                .life()
+                .is_none_or(|l| block.order < l.map.chunk_order())
+        {
+            let kept = Kept {
+                alloc: self.alloc,
+                bytes: std::mem::take(&mut self.bytes),
+            };
+            match self.owner.keep(kept) {
+                Ok(()) => return Ok(()),
+                Err(kept) => self.bytes = kept.bytes,
+            }
         }
         // Our claim must go before the manager (or the verify read) can touch the block.
         self.bytes.release();

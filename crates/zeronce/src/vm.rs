@@ -396,10 +396,10 @@ impl VmMemory {
     /// Counters of the manager, the engine, the driver and the device.
     pub fn stats(&self) -> VmStats {
         // Exact counts: blocks in the per-thread caches go back to the allocator first.
-        self.inner.caches.drain();
+        let mm = self.inner.caches.stats(&self.inner.mm);
         let r = self.reporter();
         VmStats {
-            mm: self.inner.mm.stats(),
+            mm,
             reporting: r.stats(),
             driver: r.with_device(|d| d.stats()),
             device: self.metrics.snapshot(),

@@ -284,10 +284,10 @@ impl ProcessMemory {
     /// Counters.
     pub fn stats(&self) -> ProcessStats {
         // Exact counts: blocks in the per-thread caches go back to the allocator first.
-        self.inner.caches.drain();
+        let mm = self.inner.caches.stats(&self.inner.mm);
         let r = self.inner.reporter.as_ref();
         ProcessStats {
-            mm: self.inner.mm.stats(),
+            mm,
             reporting: r.map(|r| r.stats()),
             device: r.map(|r| r.with_device(|d| d.stats())),
             zeroing: self.life().map.stats(),

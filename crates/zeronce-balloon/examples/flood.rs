@@ -8,7 +8,9 @@
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
-use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue, DESC_F_NEXT, DESC_F_WRITE};
+use zeronce_balloon::guest_ring::{
+    DriverBuf, DriverQueue, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
+};
 use zeronce_balloon::mock::RecordingInterrupt;
 use zeronce_balloon::{
     Backing, BalloonDevice, BalloonOptions, DiscardError, DiscardOp, DiscardPolicy, Discarder,
@@ -16,7 +18,7 @@ use zeronce_balloon::{
 };
 
 const MIB: u64 = 1 << 20;
-/// Where buffers start; the rings of three queues sit below.
+/// Where buffers start; the rings of the four queues sit below.
 const DATA: u64 = 16 * MIB;
 
 /// Discards nothing and records nothing (so the figures are the device's own).
@@ -46,7 +48,8 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// A device with inflate, deflate and reporting queues of `size`, and its rings.
+/// A device with inflate, deflate, statistics and reporting queues of `size`, and its
+/// rings.
 fn setup(
     mem: &GuestMemoryMmap,
     size: u16,
@@ -60,7 +63,7 @@ fn setup(
         ..BalloonOptions::default()
     };
     let mut dev = BalloonDevice::new(options, Noop, Default::default());
-    let fs: FeatureSet = [Feature::Version1, Feature::PageReporting]
+    let fs: FeatureSet = [Feature::Version1, Feature::StatsVq, Feature::PageReporting]
         .into_iter()
         .collect();
     let neg = dev.ack_features(fs).expect("features");
@@ -144,6 +147,30 @@ fn main() {
             for _ in 0..big {
                 q.add_chain(m, &[DriverBuf::write(80 * MIB, 0x1000)])
                     .unwrap();
+            }
+        },
+    );
+    measure(
+        "indirect descriptors (malformed)",
+        big,
+        now,
+        QueueKind::Reporting,
+        |m, q| {
+            for head in 0..q.size() {
+                q.write_desc(m, head, DATA, 0x1000, DESC_F_INDIRECT, 0)
+                    .unwrap();
+                q.publish(m, head).unwrap();
+            }
+        },
+    );
+    measure(
+        "statistics buffers (each returns the last)",
+        big,
+        now,
+        QueueKind::Stats,
+        |m, q| {
+            for _ in 0..big {
+                q.add_chain(m, &[DriverBuf::read(DATA, 10)]).unwrap();
             }
         },
     );

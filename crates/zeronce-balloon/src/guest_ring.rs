@@ -16,6 +16,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 pub const DESC_F_NEXT: u16 = 1;
 /// `VIRTQ_DESC_F_WRITE` (device-writable).
 pub const DESC_F_WRITE: u16 = 2;
+/// `VIRTQ_DESC_F_INDIRECT` (the buffer is a table of descriptors; never negotiated here).
+pub const DESC_F_INDIRECT: u16 = 4;
 
 /// One buffer of a chain the driver adds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

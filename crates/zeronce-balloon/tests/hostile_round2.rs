@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::discard::PlannedDiscard;
-use zeronce_balloon::guest_ring::{DriverBuf, DESC_F_NEXT, DESC_F_WRITE};
+use zeronce_balloon::guest_ring::{DriverBuf, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE};
 use zeronce_balloon::mock::{HookedMemory, RecordingDiscarder};
 use zeronce_balloon::spec::limits::MAX_HELD_BYTES;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MalformedKind, QueueKind};
@@ -21,7 +21,6 @@ const ALL: [Feature; 4] = [
     DeviceInitReported,
     DeviceInitOnInflate,
 ];
-const DESC_F_INDIRECT: u16 = 4;
 
 fn held(delay: Duration) -> BalloonOptions {
     BalloonOptions {

@@ -26,7 +26,7 @@ use crate::device::{BalloonDevice, BalloonOptions};
 use crate::discard::DiscardPolicy;
 use crate::error::MalformedKind;
 use crate::features::{FeatureOffer, FeatureSet, QueueKind};
-use crate::guest_ring::{DriverBuf, DriverQueue, DESC_F_NEXT};
+use crate::guest_ring::{DriverBuf, DriverQueue, DESC_F_INDIRECT, DESC_F_NEXT};
 use crate::mock::{HookedMemory, RecordingDiscarder, RecordingInterrupt};
 use crate::spec::limits::{MAX_HELD_BYTES, MAX_PFNS_PER_REQUEST};
 use crate::spec::PFN_PAGE_SIZE;
@@ -514,12 +514,11 @@ fn check_one_request_prefaults(calls: &[(GuestAddress, u64)]) {
 /// Whether the chain from `head` in the descriptor table at `table` holds a descriptor
 /// flagged `VIRTQ_DESC_F_INDIRECT` (within the 64 descriptors a chain may have).
 fn chain_has_indirect(mem: &GuestMemoryMmap, table: GuestAddress, head: u16) -> bool {
-    const F_INDIRECT: u16 = 4;
     let mut i = head;
     for _ in 0..crate::spec::limits::MAX_CHAIN_DESCRIPTORS {
         let at = table.0 + 16 * u64::from(i);
         let flags: u16 = mem.read_obj(GuestAddress(at + 12)).unwrap_or(0);
-        if flags & F_INDIRECT != 0 {
+        if flags & DESC_F_INDIRECT != 0 {
             return true;
         }
         i = mem.read_obj(GuestAddress(at + 14)).unwrap_or(u16::MAX);

@@ -87,6 +87,8 @@ pub struct RatioRow {
     pub ours: Option<f64>,
     /// The published figure, when there is a number.
     pub published: Option<f64>,
+    /// What was published instead of a number ("16 s → negligible").
+    pub published_text: String,
 }
 
 /// Draws `rows` as horizontal bar pairs (ours, published) into the SVG file `path`, with
@@ -122,9 +124,10 @@ pub fn ratio_bars(
     let bar = |color: RGBColor| color.mix(0.8).filled();
     for (i, r) in rows.iter().enumerate() {
         let top = n - i as f64;
+        let published = format!("published: {}", r.published_text);
         for (k, (value, color, missing)) in [
             (r.ours, BLUE, "ours: skipped"),
-            (r.published, RED, "published: no number"),
+            (r.published, RED, published.as_str()),
         ]
         .into_iter()
         .enumerate()
@@ -145,7 +148,7 @@ pub fn ratio_bars(
                 }
                 None => {
                     chart.draw_series(std::iter::once(Text::new(
-                        missing,
+                        missing.to_string(),
                         (x_end * 0.01, y1),
                         ("sans-serif", 12).into_font().color(&color),
                     )))?;

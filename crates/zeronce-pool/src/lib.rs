@@ -16,6 +16,10 @@
 //! * the state file ([`persist`]) records a file as zero only once it is zeroed and
 //!   free: after a crash, every file not recorded zero is checked and zeroed again, and a
 //!   file recorded held stays its client's until returned;
+//! * a take may be a lease on the client's connection ([`Pool::lease`]): if the
+//!   connection closes without a return, the file is orphaned — never zeroed while a
+//!   process still has it open or mapped ([`usage`]), reclaimed once none has
+//!   ([`Pool::reclaim_orphans`]);
 //! * "zeroable pages appeared" events, rate-limited ([`Pool::subscribe`]).
 //!
 //! How this fits the rest of zeronce (the huge-page pre-zeroing design, the words used)

@@ -409,57 +409,6 @@ impl PoolState {
         Ok(file)
     }
 
-    /// Ties a held file to its client's connection.
-    pub fn lease(&mut self, file: FileId) -> Result<(), StateError> {
-        self.transition(file, FileState::Held, FileState::Leased)
-    }
-
-    /// The lease's connection closed: a file still leased becomes orphaned (`true`); one
-    /// already returned is left alone (`false`).
-    pub fn end_lease(&mut self, file: FileId) -> bool {
-        let orphaned = self
-            .transition(file, FileState::Leased, FileState::Orphaned)
-            .is_ok();
-        self.counters.leases_orphaned += u64::from(orphaned);
-        orphaned
-    }
-
-    /// Orphaned files, to check for users.
-    pub fn orphans(&self) -> Vec<FileId> {
-        (0..self.files.len())
-            .map(FileId)
-            .filter(|&f| self.files[f.0].state == FileState::Orphaned)
-            .collect()
-    }
-
-    /// No process has an orphaned file open or mapped: it becomes dirty work, as if
-    /// returned.
-    pub fn reclaim(&mut self, file: FileId) -> Result<(), StateError> {
-        let dirty = self.unchecked(true);
-        self.transition(file, FileState::Orphaned, dirty)?;
-        self.work.push_back(file);
-        self.counters.orphans_reclaimed += 1;
-        Ok(())
-    }
-
-    fn transition(
-        &mut self,
-        file: FileId,
-        from: FileState,
-        to: FileState,
-    ) -> Result<(), StateError> {
-        let name = match from {
-            FileState::Held => "held",
-            FileState::Leased => "leased",
-            _ => "orphaned",
-        };
-        if self.files.get(file.0).map(|f| &f.state) != Some(&from) {
-            return Err(StateError::NotInState(file, name));
-        }
-        self.set(file, to);
-        Ok(())
-    }
-
     /// Whether a free file waits for a job (dirty pages, or holes to check).
     pub fn has_work(&self) -> bool {
         !self.work.is_empty()
@@ -618,5 +567,6 @@ fn persisted_of(state: &FileState) -> Persisted {
     }
 }
 
+mod lease;
 #[cfg(test)]
 mod tests;

@@ -505,6 +505,7 @@ pub fn run(args: &UpstreamArgs) -> BenchResult {
                 label: r.figure.to_string(),
                 ours: r.ours.as_ref().ok().copied(),
                 published: r.published,
+                published_text: r.published_text.to_string(),
             })
             .collect();
         plot::ratio_bars(

@@ -285,3 +285,38 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
         assert!(pm.resident_bytes() <= resident, "{policy:?}: RSS grew");
     }
 }
+
+/// Small blocks freed dirty are kept on the thread's slot and handed to the next
+/// allocation of their order: a zero-request never gets one (it reads zero, checked in
+/// verify mode), stats count every allocation and free, and every kept block is back in
+/// the manager once stats have drained the caches.
+#[test]
+fn kept_blocks_are_counted_and_never_serve_zero_requests() {
+    let pm = ProcessMemory::builder()
+        .size(SIZE)
+        .no_reporting()
+        .verify(true)
+        .build()
+        .unwrap();
+    for order in [Order::ZERO, Order::new(3).unwrap()] {
+        for _ in 0..10 {
+            let blocks: Vec<_> = (0..8)
+                .map(|_| {
+                    let mut b = pm.alloc(order).unwrap();
+                    b.as_mut_slice().fill(0xa5);
+                    b
+                })
+                .collect();
+            blocks.into_iter().for_each(|b| b.free().unwrap());
+        }
+        let zeroed = pm.alloc_zeroed(order).unwrap();
+        assert!(zeroed.as_slice().iter().all(|&b| b == 0));
+        zeroed.free().unwrap();
+        let s = pm.stats().mm;
+        let o = order.index();
+        assert_eq!((s.allocs[o], s.frees[o]), (81, 81), "order {order}");
+        assert_eq!((s.allocated_pages, s.cached_pages), (0, 0));
+        assert_eq!(s.verify_failures, 0);
+        pm.manager().check_invariants().unwrap();
+    }
+}

@@ -40,8 +40,9 @@ pub struct QueueReport {
     pub held: usize,
     /// `(head, used_len)` of each chain used, in order.
     pub used: Vec<(u16, u32)>,
-    /// The call stopped after a queue's worth of chains while more were available (a
-    /// guest publishing as fast as the device pops): call again, as for a new
+    /// The call stopped after a queue's worth of chains (a guest publishing as fast as
+    /// the device pops) or [`MAX_PAGES_PER_CALL`](crate::spec::limits::MAX_PAGES_PER_CALL)
+    /// pages of work while more chains were available: call again, as for a new
     /// notification, to serve the rest.
     pub more: bool,
 }

@@ -214,6 +214,42 @@ fn one_call_serves_at_most_a_queue_of_chains() {
     assert!(served >= 16);
 }
 
+/// Class 4, by work: 64 Ki-PFN requests on every head make one call cost seconds per
+/// 100 heads with nothing returned until the end; a call serves about
+/// MAX_PAGES_PER_CALL pages, returns them, and says there is more.
+#[test]
+fn one_call_serves_at_most_its_page_budget() {
+    use zeronce_balloon::spec::limits::{MAX_PAGES_PER_CALL, MAX_PFNS_PER_REQUEST};
+    let mem = mem_with_hole();
+    let mut rig = Rig::new(
+        &mem,
+        BalloonOptions::default(),
+        RecordingDiscarder::default(),
+        &[],
+        64,
+    );
+    let pfns: Vec<u32> = (0..MAX_PFNS_PER_REQUEST as u32)
+        .map(|i| 0x200 + i % 256)
+        .collect();
+    let bufs = rig.inflate_bufs(&pfns, None);
+    let n = 20;
+    for _ in 0..n {
+        rig.submit(QueueKind::Deflate, &bufs);
+    }
+    let per_call = (MAX_PAGES_PER_CALL as usize).div_ceil(MAX_PFNS_PER_REQUEST);
+    assert!(per_call < n, "the test must exceed the budget");
+    let r = rig.notify(QueueKind::Deflate);
+    assert_eq!((r.chains, r.malformed, r.more), (per_call, 0, true));
+    assert_eq!(
+        rig.used(QueueKind::Deflate).len(),
+        per_call,
+        "returned at once"
+    );
+    let r = rig.notify(QueueKind::Deflate);
+    assert_eq!((r.chains, r.more), (n - per_call, false));
+    assert_eq!(rig.used(QueueKind::Deflate).len(), n - per_call);
+}
+
 /// Class 5: held reports with many blocks per chain (shared tails) were not counted
 /// against the bound on held work: +114 MiB on a 32 768-entry queue.
 #[test]

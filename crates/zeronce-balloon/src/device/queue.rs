@@ -18,6 +18,7 @@ use crate::options::QueueReport;
 use crate::queues::inflate;
 use crate::queues::stats;
 use crate::queues::{collect_chain, reporting, Desc};
+use crate::spec::limits::MAX_PAGES_PER_CALL;
 use crate::spec::PFN_PAGE_SIZE;
 
 /// One popped chain: its queue's kind and index, and its head descriptor.
@@ -61,12 +62,17 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let q = &queues[usize::from(index)];
         let (size, desc_table) = (q.size(), GuestAddress(q.desc_table()));
         // One call serves at most a queue's worth of chains (a guest advancing avail.idx
-        // as fast as the device pops cannot keep it here), and every good chain is
-        // completed whatever its neighbours hold.
+        // as fast as the device pops cannot keep it here) and about MAX_PAGES_PER_CALL
+        // pages of work, and every good chain is completed whatever its neighbours hold.
         let mut report = QueueReport::default();
         let mut taken = vec![false; usize::from(size)];
-        while report.chains < usize::from(size) {
+        let pages_before = self.pages_served();
+        let mut drained = false;
+        while report.chains < usize::from(size)
+            && self.pages_served() - pages_before < MAX_PAGES_PER_CALL
+        {
             let Some(head) = self.pop_head(mem, index) else {
+                drained = true;
                 break;
             };
             report.chains += 1;
@@ -81,7 +87,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 Err(e) => self.chain_failed(mem, chain, e, &mut report)?,
             }
         }
-        report.more = report.chains == usize::from(size) && self.has_available(mem, index);
+        report.more = !drained && self.has_available(mem, index);
         self.inflight.end_batch();
         self.push_used(mem, index, &report.used)?;
         Ok(report)
@@ -240,6 +246,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.stats.apply(&entries);
         self.metrics.stats_updates.inc();
         Ok(None)
+    }
+
+    /// Pages inflated, deflated and reported so far (the work budget of a call).
+    fn pages_served(&self) -> u64 {
+        let m = &self.metrics;
+        m.pages_inflated.get() + m.pages_deflated.get() + m.pages_reported.get()
     }
 
     /// Counts the pages an admitted request inflates or reports.

@@ -6,10 +6,30 @@
 //! default sizes; explicit flags still win) and `--json` (one JSON object on stdout).
 #![forbid(unsafe_code)]
 
+/// std's `println!` with one difference: a closed stdout (`zeronce … | head`) ends the
+/// program quietly instead of panicking ([`stdout::write`]). Defined before the modules,
+/// so it is the `println!` every module of this crate uses.
+macro_rules! println {
+    () => {
+        $crate::stdout::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// std's `print!`, through [`stdout::write`] like this crate's `println!`.
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod demo;
 mod plot;
 mod pool;
+mod stdout;
 mod vhost;
 
 use clap::error::ErrorKind;
@@ -121,11 +141,23 @@ fn usage_error(e: clap::Error) -> ExitCode {
             ExitCode::from(2)
         };
     }
+    // clap's first paragraph, on one line: it may continue on indented lines (the
+    // missing arguments, the possible values).
     let text = e.render().to_string();
-    let line = text.lines().next().unwrap_or("invalid arguments");
+    let first: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let line = first.join(" ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
     eprintln!(
         "zeronce: {} (see --help)",
-        line.strip_prefix("error: ").unwrap_or(line)
+        if line.is_empty() {
+            "invalid arguments"
+        } else {
+            line
+        }
     );
     ExitCode::from(2)
 }

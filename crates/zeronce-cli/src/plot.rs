@@ -3,7 +3,7 @@
 //! vertical lines; and ratios as horizontal bars, ours beside a published figure.
 
 use plotters::prelude::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One line: a name and (seconds, MiB) points.
 pub struct Series {
@@ -23,8 +23,42 @@ pub struct Mark {
 
 const COLORS: [RGBColor; 4] = [BLUE, RED, GREEN, MAGENTA];
 
-/// Draws `series` and `marks` into the SVG file `path`.
+/// The value parser of `--plot`: checks before anything runs that the file can be
+/// written (its directory exists and is writable, the path is not a directory), so a
+/// long run does not fail at its end.
+pub fn writable_path(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    if path.is_dir() {
+        return Err(format!(
+            "{text} is a directory; give a file name like {text}/plot.svg"
+        ));
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "cannot write {text}: directory {} does not exist",
+            dir.display()
+        ));
+    }
+    rustix::fs::access(dir, rustix::fs::Access::WRITE_OK)
+        .map_err(|e| format!("cannot write {text}: directory {}: {e}", dir.display()))?;
+    Ok(path)
+}
+
+/// Draws `series` and `marks` into the SVG file `path`; the error names the file.
 pub fn resident_over_time(
+    path: &Path,
+    title: &str,
+    series: &[Series],
+    marks: &[Mark],
+) -> Result<(), Box<dyn std::error::Error>> {
+    draw(path, title, series, marks).map_err(|e| format!("--plot {}: {e}", path.display()).into())
+}
+
+fn draw(
     path: &Path,
     title: &str,
     series: &[Series],

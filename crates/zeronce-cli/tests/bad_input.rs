@@ -2,14 +2,12 @@
 //! stderr naming the problem (never a panic, never exit 0 with a table of zeros), and
 //! `--quick` does not override a flag given explicitly.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 fn zeronce(args: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_zeronce"))
-        .args(args.split_whitespace())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run the zeronce binary")
+    common::zeronce(&args.split_whitespace().collect::<Vec<_>>())
 }
 
 /// Runs `args`, expects exit code `code` and exactly one line on stderr containing `msg`.
@@ -105,14 +103,9 @@ fn unknown_commands_and_values_are_one_line() {
 
 #[test]
 fn quick_keeps_explicit_flags() {
-    let out = zeronce("bench prezero --quick --pages 2 --runs 6 --gap-ms 0 --json");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    let v = common::zeronce_json(&[
+        "bench", "prezero", "--quick", "--pages", "2", "--runs", "6", "--gap-ms", "0", "--json",
+    ]);
     assert_eq!(v["runs"], 6, "--runs 6 given with --quick (quick alone: 5)");
     assert_eq!(v["pages"], 2);
     assert_eq!(v["gap_ms"], 0);
@@ -151,4 +144,73 @@ fn bench_peers_without_its_binaries_says_how_to_build_them() {
         ),
     );
     std::fs::remove_dir_all(&dir).expect("remove the temporary directory");
+}
+
+#[test]
+fn balloon_sizes_name_their_option_and_a_valid_value() {
+    refused(
+        "serve --socket /nonexistent/v.sock --target 1000",
+        2,
+        "invalid value '1000' for '--target <TARGET>': 1000 bytes is not a multiple of 4 KiB",
+    );
+    refused("serve --target 1000", 2, "--target");
+    refused("balloon set 1000", 2, "e.g. 4K, 512M, 1G");
+    refused(
+        "balloon set 4096",
+        2,
+        "required arguments were not provided: --socket <SOCKET>",
+    );
+}
+
+#[test]
+fn a_demo_of_nothing_blames_its_own_option() {
+    refused(
+        "demo --size-mib 0",
+        2,
+        "--size-mib 0: the memory zeronce manages",
+    );
+}
+
+#[test]
+fn a_plot_that_cannot_be_written_is_refused_before_the_run() {
+    for cmd in ["demo", "bench rss-follow --quick"] {
+        refused(
+            &format!("{cmd} --plot /nonexistent-zeronce-dir/x.svg"),
+            2,
+            "cannot write /nonexistent-zeronce-dir/x.svg: directory /nonexistent-zeronce-dir \
+             does not exist",
+        );
+    }
+    refused("demo --plot /tmp", 2, "/tmp is a directory");
+}
+
+/// Runs `zeronce args` with stdout a pipe whose reader is already gone (`| head` that
+/// has exited): the first write fails, and the program must end quietly.
+fn ends_quietly_on_a_closed_pipe(args: &[&str]) {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .output()
+        .expect("run the zeronce binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "`zeronce {args:?}`: {stderr}");
+    assert!(stderr.is_empty(), "`zeronce {args:?}`: {stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.success() || out.status.signal() == Some(13) || out.status.code() == Some(141),
+        "`zeronce {args:?}`: {:?}",
+        out.status
+    );
+}
+
+#[test]
+fn a_reader_that_went_away_ends_the_program_quietly() {
+    ends_quietly_on_a_closed_pipe(&["--help"]);
+    ends_quietly_on_a_closed_pipe(&["demo", "--size-mib", "128", "--working-set-mib", "8"]);
+    ends_quietly_on_a_closed_pipe(&[
+        "bench", "prezero", "--quick", "--pages", "2", "--runs", "1", "--gap-ms", "0", "--json",
+    ]);
 }

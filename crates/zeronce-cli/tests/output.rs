@@ -2,27 +2,9 @@
 //! object with every step, `--plot` writes a well-formed SVG, `--help` says what the
 //! program is.
 
-use std::process::Command;
+mod common;
 
-fn zeronce(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_zeronce"))
-        .args(args)
-        .output()
-        .expect("run the zeronce binary")
-}
-
-/// Runs `zeronce args` that must succeed and print one JSON object: (object, stdout).
-fn zeronce_json(args: &[&str]) -> (serde_json::Value, String) {
-    let out = zeronce(args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = serde_json::from_str(&stdout).expect("one JSON object");
-    (v, stdout)
-}
+use common::{zeronce, zeronce_json};
 
 /// Minimal well-formedness: one root `<svg>` element, every opened element closed.
 fn assert_well_formed_svg(svg: &str) {
@@ -61,7 +43,7 @@ fn demo_json_has_every_step_and_plot_is_an_svg() {
     let dir = std::env::temp_dir().join(format!("zeronce-out-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("demo.svg");
-    let (v, stdout) = zeronce_json(&[
+    let v = zeronce_json(&[
         "demo",
         "--size-mib",
         "128",
@@ -75,12 +57,12 @@ fn demo_json_has_every_step_and_plot_is_an_svg() {
     ]);
     let steps = v["steps"].as_array().expect("steps");
     assert_eq!(steps.len(), 5, "{v}");
-    assert_eq!(steps[3]["blocks_known_zero"], 4, "{v}");
+    assert_eq!(step4(&v)["blocks_known_zero"], 4, "{v}");
     assert!(
         v["reporting"]["pages_reported"].as_u64() >= Some(2048),
         "{v}"
     );
-    assert!(!stdout.contains("seed"));
+    assert!(!v.to_string().contains("seed"));
     let text = std::fs::read_to_string(&svg).expect("the plot was written");
     std::fs::remove_dir_all(&dir).unwrap();
     assert_well_formed_svg(&text);
@@ -118,7 +100,7 @@ fn bench_seeds_quick_json_has_the_three_tables_and_an_svg() {
     std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("upstream.svg");
     let none_reserved = free_huge_pages() == 0;
-    let (v, stdout) = zeronce_json(&[
+    let v = zeronce_json(&[
         "bench",
         "seeds",
         "--quick",
@@ -126,7 +108,7 @@ fn bench_seeds_quick_json_has_the_three_tables_and_an_svg() {
         "--plot",
         svg.to_str().unwrap(),
     ]);
-    assert!(!stdout.contains("seed"), "{stdout}");
+    assert!(!v.to_string().contains("seed"), "{v}");
     assert_eq!(v["bench"], "upstream");
     assert!(v["machine"]["cpus"].as_u64() >= Some(1), "{v}");
     let designs = v["designs"].as_array().expect("designs");
@@ -193,4 +175,61 @@ fn bench_seeds_quick_json_has_the_three_tables_and_an_svg() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert_well_formed_svg(&text);
     assert!(text.contains("published") && text.contains("page_fault1"));
+}
+
+/// Step 4's blocks are each counted once, by where they came from.
+fn step4(v: &serde_json::Value) -> &serde_json::Value {
+    let s = &v["steps"][3];
+    let parts = ["blocks_known_zero_from_host", "blocks_never_written"]
+        .iter()
+        .chain(&["blocks_zeroed_ahead_of_time", "blocks_zeroed_by_allocator"])
+        .map(|k| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}")))
+        .sum::<u64>();
+    assert_eq!(Some(parts), s["blocks"].as_u64(), "{v}");
+    s
+}
+
+const SMALL_DEMO: [&str; 8] = [
+    "demo",
+    "--json",
+    "--size-mib",
+    "128",
+    "--working-set-mib",
+    "8",
+    "--delay-ms",
+    "100",
+];
+
+#[test]
+fn a_held_block_is_not_counted_as_known_zero_nor_reported_twice() {
+    let v = zeronce_json(&[&SMALL_DEMO[..], &["--host", "hold", "--hold-ms", "600000"]].concat());
+    let s = step4(&v);
+    // Held for ten minutes: nothing discarded, so nothing the host zeroed.
+    assert_eq!(s["blocks_known_zero_from_host"], 0, "{v}");
+    let r = &v["reporting"];
+    assert!(r["pages_reported"].as_u64() >= Some(2048), "{v}");
+    // Everything reported is held once, not discarded, and not offered again yet.
+    let reported_bytes = r["pages_reported"].as_u64().unwrap() * 4096;
+    assert_eq!(v["host"]["held_bytes"], reported_bytes, "{v}");
+    assert_eq!(v["host"]["discarded_bytes"], 0, "{v}");
+    assert_eq!(r["pages_promised_zero"], 0, "{v}");
+    assert_eq!(r["pages_settled"], 0, "{v}");
+}
+
+#[test]
+fn without_zero_hints_nothing_is_known_zero_from_the_host() {
+    let v = zeronce_json(&[&SMALL_DEMO[..], &["--no-zero-hints"]].concat());
+    let s = step4(&v);
+    assert_eq!(s["blocks_known_zero_from_host"], 0, "{v}");
+    assert_eq!(v["reporting"]["pages_promised_zero"], 0, "{v}");
+    assert_eq!(v["host"]["answered_zero_bytes"], 0, "{v}");
+}
+
+#[test]
+fn rss_follow_gives_a_verdict_only_on_the_row_with_a_target() {
+    let v = zeronce_json(&["bench", "rss-follow", "--quick", "--json"]);
+    let p = &v["policies"];
+    assert!(p["linux"]["target_met"].is_null(), "{v}");
+    assert!(p["adaptive"]["target_met"].is_boolean(), "{v}");
+    assert_eq!(p["adaptive"]["target_met"], v["adaptive_target_met"], "{v}");
 }

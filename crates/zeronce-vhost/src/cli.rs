@@ -21,7 +21,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub control: Option<PathBuf>,
     /// Initial balloon target, e.g. 0, 512M, 1G (a multiple of 4 KiB).
-    #[arg(long, default_value = "0", value_parser = parse_size)]
+    #[arg(long, default_value = "0", value_parser = parse_page_size)]
     pub target: u64,
     /// Offer DEFLATE_ON_OOM: the guest may take balloon pages back under memory pressure,
     /// and its MemTotal then does not shrink with the balloon.
@@ -51,7 +51,7 @@ pub enum BalloonAction {
     /// Set the balloon target, e.g. `set 512M` (a multiple of 4 KiB; 0 deflates fully).
     Set {
         /// The size.
-        #[arg(value_parser = parse_size)]
+        #[arg(value_parser = parse_page_size)]
         size: u64,
     },
     /// Print the daemon's state, counters and the guest's last statistics (JSON).
@@ -75,6 +75,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s:?}: expected a size like 4096, 512M or 1G"))?;
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// The value parser of balloon sizes: [`parse_size`], then checked to be a whole number
+/// of 4 KiB pages that `num_pages` can hold, so a bad size is refused naming its option.
+pub fn parse_page_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_size(s)?;
+    pages(bytes)
+        .map_err(|e| format!("{e} (a balloon size is whole 4 KiB pages, e.g. 4K, 512M, 1G)"))?;
+    Ok(bytes)
 }
 
 /// A size in bytes as a 4 KiB page count.
@@ -112,12 +121,15 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         num_pages: pages(args.target)?,
     };
     server::serve(config, |_| {
-        println!(
+        // A reader that has gone (`serve | head -1`) must not stop the daemon.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(
+            out,
             "zeronce serve: listening on {} (control {})",
             args.socket.display(),
             control.display()
         );
-        let _ = std::io::stdout().flush();
+        let _ = out.flush();
     })
     .map_err(|e| e.to_string())
 }
@@ -130,11 +142,12 @@ pub fn balloon(args: &BalloonArgs) -> Result<(), String> {
         BalloonAction::Stats => json!({"op": "stats"}),
     };
     let answer = control::request(&args.socket, &req).map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&answer).unwrap_or_default()
-    );
-    Ok(())
+    let text = serde_json::to_string_pretty(&answer).unwrap_or_default();
+    match writeln!(std::io::stdout().lock(), "{text}") {
+        // The reader has gone (`balloon status | head -1`): nothing left to do.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +163,9 @@ mod tests {
         assert_eq!(pages(512 << 20), Ok(131072));
         assert!(pages(4097).is_err());
         assert!(pages(1 << 44).is_err());
+        assert_eq!(parse_page_size("8K"), Ok(8192));
+        assert!(parse_page_size("1000")
+            .unwrap_err()
+            .contains("not a multiple of 4 KiB"));
     }
 }

@@ -54,7 +54,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
     /// Draw resident memory over time (free and report moments marked) into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(long, value_name = "FILE.svg", value_parser = crate::plot::writable_path)]
     pub plot: Option<std::path::PathBuf>,
 }
 
@@ -137,6 +137,12 @@ impl DemoArgs {
     fn check(&self) -> Result<Plan, String> {
         if self.topology == DemoTopology::VhostUser && self.mode != DemoMode::Vm {
             return Err("--topology vhost-user needs --mode vm".into());
+        }
+        if self.size_mib == 0 {
+            return Err(
+                "--size-mib 0: the memory zeronce manages must be at least 1 MiB (default 1024)"
+                    .into(),
+            );
         }
         let size = self
             .size_mib

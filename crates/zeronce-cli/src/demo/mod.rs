@@ -15,7 +15,8 @@ use out::Out;
 use serde_json::json;
 
 pub use args::DemoArgs;
-use args::{DemoMode, Plan};
+use args::{DemoHost, DemoMode, Plan};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use zeronce::zeronce_mm::{AllocRequest, Stats, Zeroing};
 use zeronce::{Order, PageBlock, ProcessMemory, VmMemory};
@@ -87,6 +88,7 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
     settings(&mut out, args, plan);
 
     let written = write_working_set(&pm, order, blocks)?;
+    let written_at = starts(&written);
     out.sample(pm.resident_bytes());
     let resident = mib(pm.resident_bytes());
     out.step(
@@ -121,9 +123,27 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
          is polled every 0.1 s: so about the delay, sometimes a little less)",
         delay.as_secs_f64()
     ));
+    if let DemoHost::Hold = args.host {
+        out.explain(&format!(
+            "(host policy hold: reported memory stays resident for {:.1} s before it is \
+             discarded, and reads zero only from then on)",
+            args.hold_ms as f64 / 1e3
+        ));
+    }
 
-    let ours = realloc_zeroed(&pm, order, blocks, "host-zeroed", &mut out)?;
+    let why = match args.host {
+        _ if args.no_zero_hints => {
+            "--no-zero-hints: the host never says a reported block reads zero"
+        }
+        DemoHost::Hold => "host policy hold: the blocks were still held, not yet discarded",
+        DemoHost::Lazy => "host policy lazy: MADV_FREE may leave the old bytes in place",
+        DemoHost::Immediate => "",
+    };
+    let (ours, again) = realloc_zeroed(&pm, order, &written_at, why, &mut out)?;
     out.sample(pm.resident_bytes());
+    // The counters as of step 4, while its blocks are still allocated: later frees
+    // would be reported again and counted with these.
+    let s = pm.stats();
 
     // The baseline: the same working set on memory that never left (reporting off, sized
     // to the working set so every block is the dirty one just written).
@@ -148,16 +168,17 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
     );
     if ours.touch > theirs.touch {
         out.explain(
-            "step 4's first touch costs more than step 5's: the host took that memory back, so \
-             touching it faults every page in again and the kernel zeroes it. Giving memory back \
+            "step 4's first touch costs more than step 5's: that memory was not resident (given \
+             back to the host, or never touched), so touching it faults every page in and the \
+             kernel zeroes it. Giving memory back \
              costs that refault, not the zeroing zeronce skipped; pre-zeroed huge pages (bench \
              prezero) and keeping reported memory for a while (--host hold) address it.",
         );
     }
 
-    let s = pm.stats();
+    drop(again);
     if !args.json {
-        println!("counters:");
+        println!("counters (zeronce's memory, as of step 4):");
     }
     out::allocator(&mut out, &s.mm);
     if let Some(r) = &s.reporting {
@@ -167,7 +188,7 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
         out.say(
             &format!(
                 "   host (this process's kernel): {} MiB discarded, {} MiB answered \"now zero\", \
-                 {} MiB held, {} failed discards",
+                 {} MiB held now (reported, not yet discarded), {} failed discards",
                 d.discarded_bytes >> 20,
                 d.zeroed_bytes >> 20,
                 d.held_bytes >> 20,
@@ -221,32 +242,62 @@ fn write_working_set(
         .collect()
 }
 
-/// Step 4 of both demos: allocates the working set again zeroed, times it, and says how
-/// many blocks were known zero (zeroed by `zeroed_by`).
+/// The first page of each block (to tell later whether a block is one of these).
+fn starts(blocks: &[PageBlock]) -> HashSet<u64> {
+    blocks
+        .iter()
+        .map(|b| b.allocation().block.range().start.0)
+        .collect()
+}
+
+/// Step 4 of both demos: allocates as many blocks as were `written` again zeroed, times
+/// it, and says where each block came from: one of the blocks written in step 1 that the
+/// host zeroed (reported, answered "zero"), memory never written since it was mapped
+/// (reads zero), or zeroed by the allocator. `why_not_host` says why the host zeroed
+/// none, if the settings explain it. The blocks are returned, still allocated.
 fn realloc_zeroed(
     pm: &impl DemoMemory,
     order: Order,
-    blocks: usize,
-    zeroed_by: &str,
+    written: &HashSet<u64>,
+    why_not_host: &str,
     out: &mut Out,
-) -> Result<Timing, zeronce::Error> {
+) -> Result<(Timing, Vec<PageBlock>), zeronce::Error> {
+    let blocks = written.len();
     let (ours, again) = alloc_zeroed_timed(pm, order, blocks)?;
-    let skipped = again
-        .iter()
-        .filter(|b| b.allocation().zeroing == Zeroing::Skipped)
-        .count();
+    let count = |f: &dyn Fn(&PageBlock) -> bool| again.iter().filter(|b| f(b)).count();
+    let known_zero = |b: &PageBlock| b.allocation().zeroing == Zeroing::Skipped;
+    let was_written = |b: &PageBlock| written.contains(&b.allocation().block.range().start.0);
+    let skipped = count(&known_zero);
+    let by_host = count(&|b| known_zero(b) && was_written(b) && b.allocation().prior.reported);
+    let fresh = count(&|b| known_zero(b) && !was_written(b));
+    let ahead = skipped - by_host - fresh;
+    let zeroed = count(&|b| b.allocation().zeroing == Zeroing::Done);
     let mib = (blocks * order.bytes() as usize) >> 20;
     out.step(
         format!(
-            "4. allocated {mib} MiB zeroed: {skipped}/{blocks} blocks known zero ({zeroed_by}, \
-             not zeroed again): alloc {:.2} ms, first touch {:.2} ms",
+            "4. allocated {mib} MiB zeroed ({blocks} blocks): {by_host} of step 1's blocks known \
+             zero from the host (reported, answered \"zero\"), {fresh} never written since \
+             mapped (read zero){}, {zeroed} zeroed by the allocator: alloc {:.2} ms, first touch \
+             {:.2} ms",
+            if ahead > 0 {
+                format!(", {ahead} zeroed ahead of time")
+            } else {
+                String::new()
+            },
             ms(ours.alloc),
             ms(ours.touch)
         ),
         json!({ "step": "allocated_zeroed", "blocks": blocks, "blocks_known_zero": skipped,
+                "blocks_known_zero_from_host": by_host,
+                "blocks_never_written": fresh,
+                "blocks_zeroed_ahead_of_time": ahead,
+                "blocks_zeroed_by_allocator": zeroed,
                 "alloc_ms": ms(ours.alloc), "first_touch_ms": ms(ours.touch) }),
     );
-    Ok(ours)
+    if by_host == 0 && !why_not_host.is_empty() {
+        out.explain(&format!("(none from the host: {why_not_host})"));
+    }
+    Ok((ours, again))
 }
 
 /// Wall time of allocating a working set zeroed, and of then touching every page.

@@ -113,30 +113,44 @@ pub fn allocator(out: &mut Out, mm: &Stats) {
     );
 }
 
-/// The reporting engine's counters, labelled.
+/// The reporting engine's counters, labelled. Each block is counted once, when it was
+/// reported; a held block offered again when its hold ended (a settle pass) is counted
+/// apart.
 pub fn reporting(out: &mut Out, r: &ReportingStats) {
     let t = &r.total;
-    out.say(
-        &format!(
-            "   reporting: {} passes ({} flushes, {} settles), {} report calls, {} blocks = {} MiB \
-             reported, {} MiB of it promised zero, {} failed calls, {} budget stops, {} zones \
-             gated by the watermark",
-            r.passes,
-            r.flushes,
+    let (blocks, pages) = (t.blocks - r.settled.blocks, t.pages - r.settled.pages);
+    let zero = t.zeroed_pages - r.settled.zeroed_pages;
+    let mut text = format!(
+        "   reporting: {} scheduled passes and {} flushes, {} report calls, {blocks} blocks = {} MiB \
+         reported, {} MiB of it answered zero at once, {} failed calls, {} budget stops, {} \
+         zones gated by the watermark",
+        r.passes,
+        r.flushes,
+        t.calls - r.settled.calls,
+        pages >> 8,
+        zero >> 8,
+        t.errors,
+        t.budget_stops,
+        t.gated_zones
+    );
+    if r.settles > 0 {
+        text.push_str(&format!(
+            "; {} settle passes offered {} MiB of held blocks again, {} MiB of it answered zero \
+             then",
             r.settles,
-            t.calls,
-            t.blocks,
-            t.pages >> 8,
-            t.zeroed_pages >> 8,
-            t.errors,
-            t.budget_stops,
-            t.gated_zones
-        ),
+            r.settled.pages >> 8,
+            r.settled.zeroed_pages >> 8
+        ));
+    }
+    out.say(
+        &text,
         "reporting",
         json!({
             "passes": r.passes, "flushes": r.flushes, "settles": r.settles,
-            "report_calls": t.calls, "blocks_reported": t.blocks,
-            "pages_reported": t.pages, "pages_promised_zero": t.zeroed_pages,
+            "report_calls": t.calls - r.settled.calls, "blocks_reported": blocks,
+            "pages_reported": pages, "pages_promised_zero": zero,
+            "settle_calls": r.settled.calls, "pages_settled": r.settled.pages,
+            "pages_promised_zero_at_settle": r.settled.zeroed_pages,
             "failed_calls": t.errors, "budget_stops": t.budget_stops,
             "zones_gated": t.gated_zones, "put_back_errors": t.put_back_errors,
         }),

@@ -96,6 +96,7 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     };
     step(&mut out, "0.", "start", "start", &vm);
     let written = write_working_set(&vm, order, blocks)?;
+    let written_at = super::starts(&written);
     step(&mut out, "1.", "wrote the working set", "wrote", &vm);
     drop(written);
     out.mark("freed");
@@ -121,8 +122,14 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         served.as_ref().map(|s| &s.0),
     );
 
-    realloc_zeroed(&vm, order, blocks, "device-zeroed", &mut out)?;
+    let why = if plan.setup.zero_hints {
+        ""
+    } else {
+        "--no-zero-hints: the device makes no zero promise"
+    };
+    let (_, again) = realloc_zeroed(&vm, order, &written_at, why, &mut out)?;
     out::allocator(&mut out, &vm.stats().mm);
+    drop(again);
 
     // The baseline: a device without DEVICE_INIT_REPORTED. It discards just the same, but
     // promises nothing, so every reported block is zeroed again on allocation.

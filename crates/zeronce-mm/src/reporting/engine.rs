@@ -94,6 +94,9 @@ pub struct ReportingStats {
     pub settles: u64,
     /// Sum over all passes.
     pub total: PassStats,
+    /// Sum over the settle passes alone (part of `total`): blocks already reported, offered
+    /// again when their hold ended, so `total` minus this counts each report once.
+    pub settled: PassStats,
 }
 
 /// When the next scheduled pass is due, and the churn mark for the adaptive budget.
@@ -270,7 +273,10 @@ impl ReportingEngine {
         match kind {
             PassKind::Scheduled => st.passes += 1,
             PassKind::Flush { .. } => st.flushes += 1,
-            PassKind::Settle => st.settles += 1,
+            PassKind::Settle => {
+                st.settles += 1;
+                st.settled.add(&report.stats);
+            }
         }
         st.total.add(&report.stats);
         report

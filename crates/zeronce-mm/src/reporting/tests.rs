@@ -434,5 +434,9 @@ fn a_settle_pass_offers_each_held_block_once_and_ends() {
     offered.dedup();
     assert_eq!(offered.len(), 64, "each of the 64 held blocks offered once");
     assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 1024);
+    // The settle pass is counted apart, so the reported pages are counted once.
+    let st = e.stats();
+    assert_eq!((st.total.pages, st.settled.pages), (2048, 1024));
+    assert_eq!(st.total.pages - st.settled.pages, 1024);
     m.check_invariants().unwrap();
 }

@@ -214,3 +214,58 @@ fn a_reader_that_went_away_ends_the_program_quietly() {
         "bench", "prezero", "--quick", "--pages", "2", "--runs", "1", "--gap-ms", "0", "--json",
     ]);
 }
+
+#[test]
+fn balloon_pointed_at_the_vhost_user_socket_says_so_and_is_no_front_end() {
+    use std::io::{BufRead, BufReader};
+    let dir = common::fresh_dir("misdirected");
+    let socket = dir.join("v.sock");
+    let (socket_s, control_s) = (
+        socket.display().to_string(),
+        format!("{}.ctl", socket.display()),
+    );
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(["serve", "--socket", &socket_s])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run zeronce serve");
+    let mut line = String::new();
+    BufReader::new(daemon.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening"), "{line:?}");
+    refused(
+        &format!("balloon --socket {socket_s} status"),
+        1,
+        &format!(
+            "{socket_s} is the vhost-user socket of `zeronce serve`, not its control socket: use \
+             --socket {control_s}"
+        ),
+    );
+    let status = common::zeronce_json(&["balloon", "--socket", &control_s, "status"]);
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(status["connections"], 0, "not a front-end: {status}");
+    assert_eq!(status["rejected_connections"], 1, "{status}");
+}
+
+#[test]
+fn balloon_pointed_at_something_else_says_it_is_no_control_socket() {
+    let dir = common::fresh_dir("notctl");
+    let path = dir.join("other.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // A peer that closes every connection at once.
+    let peer = std::thread::spawn(move || drop(listener.accept()));
+    let out = zeronce(&format!("balloon --socket {} status", path.display()));
+    peer.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not a zeronce control socket"),
+        "{stderr}"
+    );
+}

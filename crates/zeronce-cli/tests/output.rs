@@ -40,21 +40,9 @@ fn assert_well_formed_svg(svg: &str) {
 
 #[test]
 fn demo_json_has_every_step_and_plot_is_an_svg() {
-    let dir = std::env::temp_dir().join(format!("zeronce-out-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::fresh_dir("out");
     let svg = dir.join("demo.svg");
-    let v = zeronce_json(&[
-        "demo",
-        "--size-mib",
-        "128",
-        "--working-set-mib",
-        "8",
-        "--delay-ms",
-        "100",
-        "--json",
-        "--plot",
-        svg.to_str().unwrap(),
-    ]);
+    let v = zeronce_json(&[&SMALL_DEMO[..], &["--plot", svg.to_str().unwrap()]].concat());
     let steps = v["steps"].as_array().expect("steps");
     assert_eq!(steps.len(), 5, "{v}");
     assert_eq!(step4(&v)["blocks_known_zero"], 4, "{v}");

@@ -3,7 +3,7 @@
 //! | request | effect | answer |
 //! |---|---|---|
 //! | `{"op":"set","pages":N}` | target `num_pages` = N (4 KiB pages); the guest is told (`CONFIG_CHANGE_MSG`) | `{"ok":true,"num_pages":N}` |
-//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
+//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
 //! | `{"op":"stats","timeout_ms":T}` | asks the guest for fresh statistics, waits up to T ms for them | the status, with `"fresh":true/false` |
 //!
 //! A bad request gets `{"ok":false,"error":"…"}` and the connection stays usable.
@@ -22,6 +22,8 @@ use crate::server::Hub;
 
 /// Longest request line accepted.
 const MAX_LINE: usize = 4096;
+/// Longest answer a client reads (a status with the guest's statistics is well below).
+const MAX_ANSWER: u64 = 1 << 20;
 /// Longest wait for fresh statistics.
 const MAX_STATS_WAIT: Duration = Duration::from_secs(30);
 
@@ -141,6 +143,7 @@ fn status(hub: &Hub, fresh: Option<bool>) -> Value {
         "ok": true,
         "connected": false,
         "connections": hub.connections(),
+        "rejected_connections": hub.rejected(),
         "num_pages": hub.target(),
     });
     if let Some(backend) = hub.backend() {
@@ -184,6 +187,25 @@ fn stats(s: &GuestStats) -> Value {
     Value::Object(map)
 }
 
+/// Answers a control request that came to the vhost-user socket (`zeronce balloon
+/// --socket` given the wrong path): one refusal naming the control socket, then the
+/// connection ends. The request line is read first, so closing does not reset the
+/// connection before the client reads the answer.
+pub fn refuse_misdirected(stream: &UnixStream, control: &Path) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut line = String::new();
+    let _ = BufReader::new(stream.take(MAX_LINE as u64)).read_line(&mut line);
+    let control = control.display().to_string();
+    let answer = json!({
+        "ok": false,
+        "not_control_socket": true,
+        "control": control,
+        "error": format!("this is the vhost-user socket; the control socket is {control}"),
+    });
+    writeln!(&*stream, "{answer}")?;
+    stream.shutdown(std::net::Shutdown::Write)
+}
+
 /// A control client error.
 #[derive(Debug, Error)]
 pub enum ControlError {
@@ -198,9 +220,30 @@ pub enum ControlError {
     /// The exchange failed.
     #[error("control socket: {0}")]
     Io(#[from] io::Error),
-    /// The daemon answered something that is not JSON.
-    #[error("control socket: bad answer: {0}")]
-    BadAnswer(String),
+    /// The peer is not a control socket: it closed, reset the connection or answered
+    /// something that is not the control protocol.
+    #[error(
+        "{path} is not a zeronce control socket ({why}); is it the vhost-user socket? \
+         `zeronce serve` prints its control socket (default: the vhost-user socket's path + \
+         .ctl)"
+    )]
+    NotControl {
+        /// The socket given.
+        path: String,
+        /// What the peer did.
+        why: String,
+    },
+    /// The peer is the vhost-user socket of a `zeronce serve` (it said so).
+    #[error(
+        "{path} is the vhost-user socket of `zeronce serve`, not its control socket: use \
+         --socket {control}"
+    )]
+    VhostUserSocket {
+        /// The socket given.
+        path: String,
+        /// The daemon's control socket.
+        control: String,
+    },
     /// The daemon refused the request.
     #[error("refused: {0}")]
     Refused(String),
@@ -212,11 +255,33 @@ pub fn request(path: &Path, req: &Value) -> Result<Value, ControlError> {
         path: path.display().to_string(),
         source,
     })?;
-    writeln!(&s, "{req}")?;
+    let not_control = |why: String| ControlError::NotControl {
+        path: path.display().to_string(),
+        why,
+    };
+    writeln!(&s, "{req}").map_err(|e| not_control(format!("sending the request: {e}")))?;
     let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line)?;
-    let v: Value =
-        serde_json::from_str(&line).map_err(|_| ControlError::BadAnswer(line.clone()))?;
+    match BufReader::new(&s).take(MAX_ANSWER).read_line(&mut line) {
+        Ok(0) => {
+            return Err(not_control(
+                "it closed the connection without an answer".into(),
+            ))
+        }
+        Ok(_) => {}
+        Err(e) => return Err(not_control(format!("reading the answer: {e}"))),
+    }
+    let v: Value = serde_json::from_str(&line)
+        .ok()
+        .filter(|v: &Value| v.get("ok").is_some_and(Value::is_boolean))
+        .ok_or_else(|| {
+            not_control("it answered something other than the control protocol".into())
+        })?;
+    if v.get("not_control_socket") == Some(&Value::Bool(true)) {
+        return Err(ControlError::VhostUserSocket {
+            path: path.display().to_string(),
+            control: v["control"].as_str().unwrap_or("?").to_owned(),
+        });
+    }
     if v.get("ok") == Some(&Value::Bool(true)) {
         Ok(v)
     } else {

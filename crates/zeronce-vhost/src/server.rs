@@ -8,6 +8,7 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use thiserror::Error;
 use vhost::vhost_user::Listener;
@@ -64,6 +65,7 @@ pub struct Hub {
     config: ServeConfig,
     target: AtomicU32,
     connections: AtomicU64,
+    rejected: AtomicU64,
     stopping: AtomicBool,
     current: Mutex<Option<Session>>,
     listeners: Mutex<Vec<UnixListener>>,
@@ -75,6 +77,7 @@ impl Hub {
             target: AtomicU32::new(config.num_pages),
             config,
             connections: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             current: Mutex::new(None),
             listeners: Mutex::new(Vec::new()),
@@ -111,6 +114,12 @@ impl Hub {
     /// Front-end connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Connections to the vhost-user socket refused because they were not a front-end
+    /// (a control request sent to the wrong socket).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::SeqCst)
     }
 
     /// The target in 4 KiB pages.
@@ -208,6 +217,32 @@ fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError
         if hub.stopping() {
             return Ok(());
         }
+        // A vhost-user front-end speaks first, and its first byte is a small request
+        // code; a control request (JSON) starts with '{'.
+        match first_byte(hub, &stream) {
+            Ok(Some(b'{')) => {
+                let n = hub.rejected.fetch_add(1, Ordering::SeqCst) + 1;
+                tracing::warn!(
+                    rejected = n,
+                    control = %hub.config.control.display(),
+                    "a control request came to the vhost-user socket: refused, not a front-end"
+                );
+                if let Err(e) = control::refuse_misdirected(&stream, &hub.config.control) {
+                    tracing::debug!(error = %e, "refusing a control request");
+                }
+                continue;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) if hub.stopping() => return Ok(()),
+            Ok(None) => {
+                tracing::debug!("a connection closed before it sent anything");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a new connection failed");
+                continue;
+            }
+        }
         let n = hub.connections.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::info!(connection = n, "front-end connected");
         match session(hub, stream) {
@@ -215,6 +250,25 @@ fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError
             Err(e) => tracing::warn!(connection = n, error = %e, "front-end connection failed"),
         }
     }
+}
+
+/// The first byte the peer sent, left unread; `None` if it closed first or the daemon
+/// is stopping.
+fn first_byte(hub: &Hub, stream: &UnixStream) -> io::Result<Option<u8>> {
+    use rustix::io::Errno;
+    // Woken now and then to see whether the daemon is stopping.
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let mut byte = [0u8; 1];
+    let got = loop {
+        match rustix::net::recv(stream, &mut byte, rustix::net::RecvFlags::PEEK) {
+            Ok((n, _)) => break n,
+            Err(Errno::AGAIN | Errno::INTR) if !hub.stopping() => {}
+            Err(Errno::AGAIN | Errno::INTR) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    stream.set_read_timeout(None)?;
+    Ok((got > 0).then_some(byte[0]))
 }
 
 /// Serves one front-end connection to its end.

@@ -24,7 +24,7 @@
 
 use std::fs::File;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vm_memory::mmap::FromRangesError;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
@@ -38,7 +38,7 @@ use zeronce_balloon_driver::{
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReporterHealth, ReportingConfig, ReportingStats};
-use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
+use zeronce_mm::{AllocError, AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
 use crate::error::Error;
 use crate::managed::{self, ManagedMemory, ManagerSettings, Owners, PageBlock};
@@ -52,6 +52,30 @@ pub type VmDriver = BalloonDriver<GuestMemoryMmap, Box<dyn Transport>>;
 /// and returns the driver's transport to the device.
 pub type ConnectDevice =
     dyn Fn(File, u64, Arc<UsedSignal>) -> Result<Box<dyn Transport>, TransportError> + Send + Sync;
+
+/// Longest an allocation of [`VmMemory`] waits for blocks in flight to the host before it
+/// fails with out of memory (see [`VmMemory::alloc_with`]).
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs `alloc`; while it finds no free block and `in_flight` says blocks are being
+/// reported, calls `wait_for_reports` and tries again, until `deadline`.
+fn retry_while_in_flight<T>(
+    mut alloc: impl FnMut() -> Result<T, Error>,
+    in_flight: impl Fn() -> bool,
+    mut wait_for_reports: impl FnMut(),
+    deadline: Instant,
+) -> Result<T, Error> {
+    loop {
+        match alloc() {
+            Err(Error::Alloc(AllocError::OutOfMemory(_)))
+                if in_flight() && Instant::now() < deadline =>
+            {
+                wait_for_reports();
+            }
+            r => return r,
+        }
+    }
+}
 
 /// Where VM mode's balloon device runs.
 #[derive(Clone, Default)]
@@ -375,8 +399,21 @@ impl VmMemory {
     }
 
     /// Allocates with an explicit request (zeroing, hint page).
+    ///
+    /// When no free block is left but blocks are in flight to the host (isolated for a
+    /// report), the allocation waits for those reports to complete (each is bounded by the
+    /// driver's timeout), for at most [`IN_FLIGHT_WAIT`] in all, and tries again; then
+    /// it fails with [`AllocError::OutOfMemory`](zeronce_mm::AllocError::OutOfMemory).
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        managed::alloc_block(&self.owners, order, req)
+        let deadline = zeronce_mem::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
+        retry_while_in_flight(
+            || managed::alloc_block(&self.owners, order, req),
+            || self.inner.mm.stats().isolated_pages > 0,
+            // A pass holds the device while its blocks are isolated and puts them back
+            // before it lets go: taking the device waits for the pass to end.
+            || self.reporter().with_device(|_| ()),
+            deadline,
+        )
     }
 
     /// Reports up to `max_pages` free pages now through the virtqueue (ignoring delay
@@ -447,5 +484,50 @@ impl VmMemory {
             .file_allocated_bytes()
             .and_then(Result::ok)
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn oom() -> Result<u32, Error> {
+        Err(Error::Alloc(AllocError::OutOfMemory(
+            Order::new(9).unwrap(),
+        )))
+    }
+
+    #[test]
+    fn an_allocation_waits_for_blocks_in_flight_then_succeeds() {
+        let (tries, waits) = (Cell::new(0), Cell::new(0));
+        let far = Instant::now() + Duration::from_secs(3600);
+        let r = retry_while_in_flight(
+            || {
+                tries.set(tries.get() + 1);
+                if waits.get() == 0 {
+                    oom()
+                } else {
+                    Ok(7)
+                }
+            },
+            || true,
+            || waits.set(waits.get() + 1),
+            far,
+        );
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!((tries.get(), waits.get()), (2, 1));
+    }
+
+    #[test]
+    fn nothing_in_flight_or_no_time_left_is_out_of_memory_at_once() {
+        let waits = Cell::new(0);
+        let far = Instant::now() + Duration::from_secs(3600);
+        let r = retry_while_in_flight(oom, || false, || waits.set(waits.get() + 1), far);
+        assert!(matches!(r, Err(Error::Alloc(AllocError::OutOfMemory(_)))));
+        let past = Instant::now();
+        let r = retry_while_in_flight(oom, || true, || waits.set(waits.get() + 1), past);
+        assert!(matches!(r, Err(Error::Alloc(AllocError::OutOfMemory(_)))));
+        assert_eq!(waits.get(), 0);
     }
 }

@@ -405,6 +405,42 @@ fn hugetlb_guest_ram_reports_whole_huge_pages() {
 }
 
 #[test]
+fn an_allocation_waits_for_blocks_in_flight_to_the_host() {
+    // The device holds each report for 300 ms before it answers: while a flush runs, the
+    // freed working set is isolated (in flight) and nothing else is free. An allocation
+    // then waits for the report instead of failing out of memory.
+    let vm = builder()
+        .discard_policy(DiscardPolicy::Hold(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let mut all = Vec::new();
+    while let Ok(b) = vm.alloc(order9()) {
+        all.push(b);
+    }
+    drop(all.split_off(all.len() - BLOCKS));
+    std::thread::scope(|scope| {
+        let flush = scope.spawn(|| vm.flush(u64::MAX));
+        // Not a timing: waits until the pass has isolated the blocks (or already ended).
+        while vm.manager().stats().isolated_pages == 0 && !flush.is_finished() {
+            std::thread::yield_now();
+        }
+        let again: Vec<PageBlock> = (0..BLOCKS)
+            .map(|_| vm.alloc_zeroed(order9()))
+            .collect::<Result<_, _>>()
+            .expect("the allocation waited for the report, then found the blocks");
+        let pass = flush.join().unwrap();
+        assert!(pass.error.is_none(), "{:?}", pass.error);
+        assert_eq!(pass.stats.pages, BLOCKS as u64 * 512, "{pass:?}");
+        drop(again);
+    });
+    // With nothing in flight, out of memory is an error at once.
+    let e = vm.alloc(order9()).unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    drop(all);
+    vm.manager().check_invariants().unwrap();
+}
+
+#[test]
 fn threads_allocating_while_reports_run_never_lose_data() {
     // Two threads write their own pattern into 2 MiB blocks, check it, and free them,
     // while this thread reports through the virtqueue over and over: a block the device

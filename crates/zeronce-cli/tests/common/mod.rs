@@ -1,6 +1,7 @@
 //! Helpers shared by the tests of the `zeronce` program (each test file uses some).
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// Runs `zeronce` with `args` (RUST_LOG unset: the program's default log level).
@@ -24,4 +25,12 @@ pub fn zeronce_json(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(&stdout).expect("one JSON object")
+}
+
+/// An empty directory of its own for a test (`name` and this process's id).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zeronce-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    dir
 }

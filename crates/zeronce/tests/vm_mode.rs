@@ -418,7 +418,7 @@ fn an_allocation_waits_for_blocks_in_flight_to_the_host() {
         all.push(b);
     }
     drop(all.split_off(all.len() - BLOCKS));
-    std::thread::scope(|scope| {
+    let again = std::thread::scope(|scope| {
         let flush = scope.spawn(|| vm.flush(u64::MAX));
         // Not a timing: waits until the pass has isolated the blocks (or already ended).
         while vm.manager().stats().isolated_pages == 0 && !flush.is_finished() {
@@ -431,12 +431,12 @@ fn an_allocation_waits_for_blocks_in_flight_to_the_host() {
         let pass = flush.join().unwrap();
         assert!(pass.error.is_none(), "{:?}", pass.error);
         assert_eq!(pass.stats.pages, BLOCKS as u64 * 512, "{pass:?}");
-        drop(again);
+        again
     });
     // With nothing in flight, out of memory is an error at once.
     let e = vm.alloc(order9()).err().expect("nothing left");
     assert!(e.to_string().contains("out of memory"), "{e}");
-    drop(all);
+    drop((again, all));
     vm.manager().check_invariants().unwrap();
 }
 

@@ -173,7 +173,7 @@ fn a_demo_of_nothing_blames_its_own_option() {
 
 #[test]
 fn a_plot_that_cannot_be_written_is_refused_before_the_run() {
-    for cmd in ["demo", "bench rss-follow --quick"] {
+    for cmd in ["demo", "bench rss-follow --quick", "bench upstream --quick"] {
         refused(
             &format!("{cmd} --plot /nonexistent-zeronce-dir/x.svg"),
             2,

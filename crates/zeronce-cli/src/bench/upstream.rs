@@ -31,7 +31,7 @@ pub struct UpstreamArgs {
     #[command(flatten)]
     pub common: Common,
     /// Also draw our ratios beside the published ones as an SVG bar chart.
-    #[arg(long, value_name = "FILE.svg")]
+    #[arg(long, value_name = "FILE.svg", value_parser = crate::plot::writable_path)]
     pub plot: Option<PathBuf>,
     /// A hugetlbfs mount of 2 MiB pages for the VM-start rows (default:
     /// $ZERONCE_HUGETLBFS_2M).

@@ -193,9 +193,9 @@ fn device(out: &mut Out, key: &str, s: &VmStats, served: Option<&ServedDevice>) 
     let n = |k: &str| d[k].as_u64().unwrap_or(0);
     out.say(
         &format!(
-            "   device{}: {} pages reported, {} MiB discarded, {} zero promises, {} failed \
-             discards, {} malformed requests; driver: {} report calls, answered {} zeroed / {} \
-             not zeroed, {} failures",
+            "   device{}, since it started: {} pages reported, {} MiB discarded, {} blocks \
+             promised zero, {} failed discards, {} malformed requests; driver: {} report calls, \
+             answers {} blocks zero / {} not zero, {} failures",
             if served.is_some() {
                 " (its control socket)"
             } else {

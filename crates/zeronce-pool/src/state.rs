@@ -1,5 +1,5 @@
 //! The pool's pure state: which file is ready, held, dirty or being zeroed, and which of
-//! its huge pages still need zeroing. No syscalls: the effect layer ([`crate::daemon`])
+//! its huge pages still need zeroing. No syscalls: the effect layer (the private `daemon` module, behind [`crate::Pool`])
 //! asks for work ([`PoolState::next_job`]), does it, and reports each page back.
 //!
 //! | event | file state after |

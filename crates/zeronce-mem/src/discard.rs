@@ -484,6 +484,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: madvise")]
     fn dontneed_on_anonymous_reads_zero_only_in_range() {
         let m = Anon::new(3, 0x5a);
         // SAFETY: the middle page lies inside `m`, which no reference borrows.

@@ -226,12 +226,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs /proc")]
     fn own_rss_is_nonzero() {
         let rss = ProcessRss::read().expect("status");
         assert!(rss.anon > 0 && rss.total() >= rss.anon);
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: mincore")]
     fn mincore_counts_touched_pages_of_a_heap_buffer() {
         let v = vec![1u8; 64 * PAGE_SIZE];
         let r = resident_bytes(v.as_ptr(), v.len()).expect("mincore");
@@ -244,6 +246,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs /sys")]
     fn hugepage_pools_are_consistent() {
         let pools = HugetlbPoolCounters::all().expect("sysfs");
         for p in pools {
@@ -258,6 +261,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: memfd_create, fstat")]
     fn memfd_allocated_bytes_follow_writes() {
         let fd = rustix::fs::memfd_create("zeronce-test", rustix::fs::MemfdFlags::CLOEXEC)
             .expect("memfd");

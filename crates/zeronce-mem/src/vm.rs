@@ -224,6 +224,7 @@ mod tests {
     const PS: u64 = crate::discard::PAGE_SIZE as u64;
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: madvise")]
     fn anonymous_region_discard_zeroes_only_the_range() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10000), 0x4000)]).unwrap();
         mem.write_slice(&[0xaa; 0x4000], GuestAddress(0x10000))
@@ -274,6 +275,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: memfd_create, fallocate")]
     fn memfd_region_is_shared_file_and_punch_hole_frees_blocks() {
         let fd =
             rustix::fs::memfd_create("vm-bridge-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
@@ -311,6 +313,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: memfd_create")]
     fn regions_vm_memory_does_not_own_or_privately_mapped_files_are_refused() {
         use vm_memory::mmap::MmapRegionBuilder;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
@@ -365,6 +368,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: madvise")]
     fn populate_keeps_contents() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x2000)]).unwrap();
         mem.write_obj(0x1234_5678u32, GuestAddress(0x1000)).unwrap();

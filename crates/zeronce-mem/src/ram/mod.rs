@@ -15,12 +15,13 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
-use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use rustix::io::Errno;
-use rustix::mm::{madvise, mmap, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
+use rustix::mm::{madvise, Advice};
+
+use mapping::{map_anonymous_aligned, map_memfd, map_shared, unmap};
 
 use crate::discard::{check_range, discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
-use crate::resident::{file_allocated_bytes, resident_bytes, HugetlbPoolCounters, ResidentError};
+use crate::resident::{file_allocated_bytes, resident_bytes, ResidentError};
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 use crate::PAGE_SIZE;
 
@@ -143,6 +144,15 @@ unsafe impl Send for GuestRam {}
 // SAFETY: see `Send` above.
 unsafe impl Sync for GuestRam {}
 
+/// Makes and removes the memory behind a `GuestRam`: real mappings (`mmap`, memfd),
+/// or, under Miri, which cannot make them, heap allocations with the same alignment that
+/// read zero, so the unsafe code over them can be checked.
+#[cfg(not(miri))]
+mod mapping;
+#[cfg(miri)]
+#[path = "heap.rs"]
+mod mapping;
+
 fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
     move |errno| RamError::Os { call, errno }
 }
@@ -158,38 +168,8 @@ impl GuestRam {
         let (ptr, fd) = match kind {
             BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp)?, None),
             BackingKind::Memfd | BackingKind::Hugetlb(_) => {
-                let mut flags = MemfdFlags::CLOEXEC;
-                if let BackingKind::Hugetlb(hp) = kind {
-                    let pool = HugetlbPoolCounters::read(page_size)?;
-                    let needed = (size / page_size) as u64;
-                    if pool.available() < needed {
-                        return Err(RamError::NoHugePages {
-                            page_size,
-                            needed,
-                            available: pool.available(),
-                        });
-                    }
-                    flags |= MemfdFlags::HUGETLB
-                        | match hp {
-                            HugePageSize::Size2M => MemfdFlags::HUGE_2MB,
-                            HugePageSize::Size1G => MemfdFlags::HUGE_1GB,
-                        };
-                }
-                let fd = memfd_create("zeronce-guest-ram", flags).map_err(os("memfd_create"))?;
-                ftruncate(&fd, size as u64).map_err(os("ftruncate"))?;
-                let p = map_shared(&fd, size).map_err(|errno| match (kind, errno) {
-                    // Raced with another user of the pool: same typed error.
-                    (BackingKind::Hugetlb(_), Errno::NOMEM) => RamError::NoHugePages {
-                        page_size,
-                        needed: (size / page_size) as u64,
-                        available: 0,
-                    },
-                    _ => RamError::Os {
-                        call: "mmap",
-                        errno,
-                    },
-                })?;
-                (p, Some(fd))
+                let (ptr, fd) = map_memfd(size, kind)?;
+                (ptr, Some(fd))
             }
         };
         Self::from_mapping(ptr, size, kind, fd)
@@ -437,58 +417,11 @@ impl GuestRam {
 
 impl Drop for GuestRam {
     fn drop(&mut self) {
-        // SAFETY: we own the mapping of `len` bytes at `ptr`; `&mut self` means no
-        // reference into it survives. The fd closes after (the mapping keeps the file).
-        if let Err(errno) = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) } {
-            tracing::warn!(%errno, "munmap of guest RAM failed");
-        }
+        // SAFETY: we own the mapping of `len` bytes at `ptr`, made by `mapping`; `&mut
+        // self` means no reference into it survives. The fd closes after (the mapping
+        // keeps the file).
+        unsafe { unmap(self.ptr, self.len) };
     }
-}
-
-/// Maps `size` bytes of `fd` shared, read-write, from offset 0.
-fn map_shared(fd: &OwnedFd, size: usize) -> Result<*mut u8, Errno> {
-    let rw = ProtFlags::READ | ProtFlags::WRITE;
-    // SAFETY: a new shared mapping at a kernel-chosen address aliases no Rust object.
-    let p = unsafe { mmap(std::ptr::null_mut(), size, rw, MapFlags::SHARED, fd, 0) }?;
-    Ok(p.cast::<u8>())
-}
-
-/// Maps `size` bytes of private anonymous memory aligned to 2 MiB (so THP can back it
-/// from the first byte), optionally with `MADV_HUGEPAGE`.
-fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, RamError> {
-    let rw = ProtFlags::READ | ProtFlags::WRITE;
-    let padded = size.checked_add(HUGE_PAGE_2M).ok_or(RamError::BadSize {
-        size,
-        page_size: PAGE_SIZE,
-    })?;
-    // No swap reserved up front (`MAP_NORESERVE`): a large range costs nothing until
-    // touched, whatever the overcommit heuristic thinks of its size.
-    let flags = MapFlags::PRIVATE | MapFlags::NORESERVE;
-    // SAFETY: a new private mapping at a kernel-chosen address aliases no Rust object.
-    let raw = unsafe { mmap_anonymous(std::ptr::null_mut(), padded, rw, flags) }
-        .map_err(os("mmap"))?
-        .cast::<u8>();
-    let head = raw.align_offset(HUGE_PAGE_2M);
-    let tail = padded - head - size;
-    // SAFETY: head and tail are page-aligned parts of the mapping we just made (the
-    // kernel returns page-aligned addresses, and `size` is page-aligned), not used by
-    // anything.
-    unsafe {
-        if head > 0 {
-            munmap(raw.cast(), head).map_err(os("munmap"))?;
-        }
-        if tail > 0 {
-            munmap(raw.add(head + size).cast(), tail).map_err(os("munmap"))?;
-        }
-    }
-    let ptr = raw.wrapping_add(head);
-    if thp {
-        // SAFETY: advisory only, on our own new mapping; contents are unchanged.
-        if let Err(errno) = unsafe { madvise(ptr.cast(), size, Advice::LinuxHugepage) } {
-            tracing::debug!(%errno, "MADV_HUGEPAGE refused (THP disabled?)");
-        }
-    }
-    Ok(ptr)
 }
 
 /// Whether every byte of `bytes` is zero: ORs 64-byte blocks word by word (vectorised),

@@ -3,6 +3,12 @@
 //! Every function here is `unsafe` with the same contract: `ptr` is valid for writes of
 //! `len` bytes and no Rust reference to those bytes is alive. The x86-64 kernels handle
 //! any alignment and length: the unaligned head and tail go through `write_bytes`.
+//!
+//! Miri cannot interpret inline assembly (`rep stosb`, `clzero`, and the non-temporal
+//! stores, which `core::arch` writes as assembly) nor `sfence`. Under `cfg(miri)` each of
+//! those instructions is replaced by an ordinary store of the same bytes with the same
+//! alignment requirement, and `sfence` by a sequentially consistent fence, so Miri checks
+//! every address, bound and alignment the kernels compute.
 
 /// Plain `core::ptr::write_bytes` (the compiler's memset).
 ///
@@ -41,9 +47,16 @@ unsafe fn edges(ptr: *mut u8, len: usize, align: usize) -> (*mut u8, usize) {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) unsafe fn rep_stosb(ptr: *mut u8, len: usize) {
+    // Stand-in for Miri: the same `len` bytes from `ptr`.
+    #[cfg(miri)]
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        write_bytes(ptr, len)
+    };
     // SAFETY: `rep stosb` writes exactly `rcx` = `len` bytes of `al` = 0 forwards from
     // `rdi` = `ptr` (the ABI guarantees the direction flag is clear), all inside the
     // caller's range; it touches no stack and no flags besides the ones declared.
+    #[cfg(not(miri))]
     unsafe {
         core::arch::asm!(
             "rep stosb",
@@ -61,7 +74,7 @@ pub(crate) unsafe fn rep_stosb(ptr: *mut u8, len: usize) {
 /// As for [`write_bytes`].
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
-    use core::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
+    use core::arch::x86_64::{__m128i, _mm_setzero_si128};
     // SAFETY: forwarded contract; `edges` returns a 16-byte-aligned body inside the range.
     let (mut p, body) = unsafe { edges(ptr, len, 64) };
     let end = p.wrapping_add(body);
@@ -73,17 +86,16 @@ pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
         // SSE2 is part of the x86-64 baseline.
         unsafe {
             let q = p.cast::<__m128i>();
-            _mm_stream_si128(q, z);
-            _mm_stream_si128(q.add(1), z);
-            _mm_stream_si128(q.add(2), z);
-            _mm_stream_si128(q.add(3), z);
+            for i in 0..4 {
+                #[cfg(not(miri))]
+                core::arch::x86_64::_mm_stream_si128(q.add(i), z);
+                #[cfg(miri)]
+                q.add(i).write(z);
+            }
             p = p.add(64);
         }
     }
-    // Non-temporal stores are weakly ordered: fence so later normal stores (and other
-    // threads that synchronise with us) see the zeroes first.
-    // SAFETY: SSE is part of the x86-64 baseline.
-    unsafe { _mm_sfence() };
+    store_fence();
 }
 
 /// Non-temporal 32-byte stores (`vmovntdq`) + `sfence`.
@@ -94,7 +106,7 @@ pub(crate) unsafe fn nt_sse2(ptr: *mut u8, len: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn nt_avx2(ptr: *mut u8, len: usize) {
-    use core::arch::x86_64::{__m256i, _mm256_setzero_si256, _mm256_stream_si256, _mm_sfence};
+    use core::arch::x86_64::{__m256i, _mm256_setzero_si256};
     // SAFETY: forwarded contract; the body is 64-byte aligned inside the range.
     let (mut p, body) = unsafe { edges(ptr, len, 64) };
     let end = p.wrapping_add(body);
@@ -104,12 +116,16 @@ pub(crate) unsafe fn nt_avx2(ptr: *mut u8, len: usize) {
         // AVX2 availability is the caller's contract.
         unsafe {
             let q = p.cast::<__m256i>();
-            _mm256_stream_si256(q, z);
-            _mm256_stream_si256(q.add(1), z);
+            for i in 0..2 {
+                #[cfg(not(miri))]
+                core::arch::x86_64::_mm256_stream_si256(q.add(i), z);
+                #[cfg(miri)]
+                q.add(i).write(z);
+            }
             p = p.add(64);
         }
     }
-    _mm_sfence();
+    store_fence();
 }
 
 /// AMD `clzero`: zeroes one whole 64-byte cache line per instruction, without reading it
@@ -130,6 +146,9 @@ pub(crate) unsafe fn clzero(ptr: *mut u8, len: usize) {
         // contract. Four lines per iteration: `p + 256 <= end` is checked first.
         unsafe {
             if end.offset_from(p) >= 256 {
+                #[cfg(miri)]
+                clzero_stand_in(p, 4);
+                #[cfg(not(miri))]
                 core::arch::asm!(
                     "clzero",
                     "add rax, 64",
@@ -143,11 +162,48 @@ pub(crate) unsafe fn clzero(ptr: *mut u8, len: usize) {
                 );
                 p = p.add(256);
             } else {
+                #[cfg(miri)]
+                clzero_stand_in(p, 1);
+                #[cfg(not(miri))]
                 core::arch::asm!("clzero", in("rax") p, options(nostack, preserves_flags));
                 p = p.add(64);
             }
         }
     }
-    // SAFETY: `sfence` only orders stores.
-    unsafe { core::arch::x86_64::_mm_sfence() };
+    store_fence();
+}
+
+/// A 64-byte cache line: what one `clzero` zeroes.
+#[cfg(all(target_arch = "x86_64", miri))]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+/// Miri's stand-in for `lines` `clzero` instructions from `p`: aligned stores of whole
+/// cache lines.
+///
+/// # Safety
+/// `p` is 64-byte aligned and `lines` lines from it are inside the caller's range.
+#[cfg(all(target_arch = "x86_64", miri))]
+unsafe fn clzero_stand_in(p: *mut u8, lines: usize) {
+    let line = p.cast::<CacheLine>();
+    for i in 0..lines {
+        // SAFETY: the function's contract.
+        unsafe { line.add(i).write(CacheLine([0; 64])) };
+    }
+}
+
+/// Orders the weakly ordered non-temporal stores (and `clzero`) before every later store,
+/// so later normal stores, and other threads that synchronise with this one, see the
+/// zeroes first: `sfence`. Miri cannot interpret `sfence`; the non-temporal stores it
+/// emulates are ordered by its memory model's sequentially consistent fence instead.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn store_fence() {
+    #[cfg(not(miri))]
+    // SAFETY: SSE is part of the x86-64 baseline; `sfence` only orders stores.
+    unsafe {
+        core::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(miri)]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }

@@ -28,11 +28,16 @@ use crate::error::MalformedKind;
 use crate::features::{FeatureOffer, FeatureSet, QueueKind};
 use crate::guest_ring::{DriverBuf, DriverQueue, DESC_F_INDIRECT, DESC_F_NEXT};
 use crate::mock::{HookedMemory, RecordingDiscarder, RecordingInterrupt};
-use crate::spec::limits::{MAX_HELD_BYTES, MAX_PFNS_PER_REQUEST};
+use crate::spec::limits::{
+    MAX_CHAIN_DESCRIPTORS, MAX_HELD_BYTES, MAX_PAGES_PER_CALL, MAX_PFNS_PER_REQUEST,
+    MAX_REPORT_BLOCK,
+};
 use crate::spec::PFN_PAGE_SIZE;
 use crate::QueueReport;
 
+mod mutation;
 mod oracle;
+use mutation::Mutation;
 use oracle::{Oracle, Promise};
 
 /// Guest RAM of the harness: two 4 MiB regions with a 4 MiB hole between them, and a
@@ -56,6 +61,8 @@ pub struct FuzzOutcome {
     pub promises_checked: usize,
     /// Calls that stopped at a queue's worth with more available.
     pub more: usize,
+    /// Descriptor or buffer words the guest overwrote during a call.
+    pub mutations: usize,
     /// Malformed requests per class ([`MalformedKind::index`]).
     pub kinds: [u64; MalformedKind::COUNT],
 }
@@ -172,15 +179,24 @@ impl Harness {
                 let heads: Vec<_> = (0..n)
                     .filter_map(|i| self.add_plausible(c, q, Some(u64::from(i))))
                     .collect();
-                drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), None));
+                // The guest may also rewrite a descriptor or buffer while the device reads.
+                let table = self.queues.get(q).map_or(0, |dq| dq.addrs().desc.0);
+                let mutation = Mutation::parse(c, table);
+                let index = u16::try_from(q).unwrap_or(u16::MAX);
+                let (_, applied) = self.notify(index, None, mutation);
+                let batch: Vec<u16> = heads.iter().map(|h| h.0).collect();
                 for (head, before, p) in heads {
                     self.oracle.expect(q, head, before, p);
+                }
+                if let Some(a) = applied {
+                    self.out.mutations += 1;
+                    self.oracle.mutated(q, &batch, a);
                 }
             }
             13 => {
                 let q = usize::from(c.u8()) % nq;
                 let mode = c.u8();
-                drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), Some(mode)));
+                drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), Some(mode), None));
             }
             10 | 11 => {
                 let q = usize::from(c.u8()) % nq;
@@ -200,7 +216,7 @@ impl Harness {
                 let _ = self.mem.write_slice(&bytes, GuestAddress(at));
                 self.oracle.forget();
             }
-            3 | 4 => drop(self.notify(u16::from(c.u8() % 6), None)),
+            3 | 4 => drop(self.notify(u16::from(c.u8() % 6), None, None)),
             5 => {
                 let at = self.t0 + Duration::from_millis(u64::from(c.u8()));
                 self.dev
@@ -282,17 +298,29 @@ impl Harness {
     /// available whatever it did to `avail.idx` ([`Oracle::popped`]). With `publish`,
     /// the guest also publishes a head each time the device reads an entry (keeping
     /// pace; some heads invalid when `mode` is odd), and the driver side resynchronises.
-    fn notify(&mut self, index: u16, publish: Option<u8>) -> Option<QueueReport> {
+    /// With `mutation`, the guest overwrites a descriptor or buffer word during the call
+    /// (returned if it did).
+    fn notify(
+        &mut self,
+        index: u16,
+        publish: Option<u8>,
+        mutation: Option<Mutation>,
+    ) -> (Option<QueueReport>, Option<mutation::Applied>) {
         let q = usize::from(index);
+        let pages = self.pages_served();
         let Some(avail) = self.queues.get(q).map(|dq| dq.addrs().avail.0) else {
             let r = self.dev.process_queue_at(&self.mem, index, self.t0);
-            return self.account(r);
+            return (self.account(r, pages), None);
         };
         let entries = avail + 4..avail + 4 + 2 * u64::from(QUEUE_SIZE);
         let popped = std::cell::RefCell::new(Vec::new());
         let mut budget = 3 * u32::from(QUEUE_SIZE);
+        let (mut seen, mut applied) = (0, None);
         let hook = |m: &GuestMemoryMmap, at: GuestAddress| {
             if !entries.contains(&at.0) {
+                if let Some(a) = mutation.and_then(|mu| mu.on_lookup(m, &mut seen)) {
+                    applied = Some(a);
+                }
                 return;
             }
             if let Some(mode) = publish.filter(|_| budget > 0) {
@@ -330,12 +358,13 @@ impl Harness {
             }
         }
         let popped = popped.into_inner();
+        let desc_kept = !applied.is_some_and(|a: mutation::Applied| a.desc);
         if let (Ok(r), Some(dq)) = (&r, self.queues.get(q)) {
             assert_eq!(popped.len(), r.chains, "pops seen by the hook");
-            // The descriptor table is as the device walked it (the hook changes only the
-            // available ring): a chain served with a nonzero length had no indirect
+            // Unless the guest rewrote a descriptor during the call, the table is as the
+            // device walked it: a chain served with a nonzero length had no indirect
             // descriptor (never negotiated, so refused).
-            for &(head, len) in &r.used {
+            for &(head, len) in r.used.iter().filter(|_| desc_kept) {
                 assert!(
                     len == 0 || !chain_has_indirect(&self.mem, dq.addrs().desc, head),
                     "queue {q}: chain {head} with an indirect descriptor served (used_len {len})"
@@ -345,16 +374,43 @@ impl Harness {
         for head in popped {
             self.oracle.popped(q, head);
         }
-        self.account(r)
+        (self.account(r, pages), applied)
     }
 
-    /// Counts a call's report and checks its bounds; an error must be a named class.
-    fn account(&mut self, r: Result<QueueReport, crate::BalloonError>) -> Option<QueueReport> {
+    /// Pages inflated, deflated and reported so far (the device's own counters).
+    fn pages_served(&self) -> u64 {
+        let m = self.dev.metrics();
+        m.pages_inflated.get() + m.pages_deflated.get() + m.pages_reported.get()
+    }
+
+    /// Counts a call's report and checks the documented per-call bounds (`pages`: pages
+    /// served before the call); an error must be a named class.
+    fn account(
+        &mut self,
+        r: Result<QueueReport, crate::BalloonError>,
+        pages: u64,
+    ) -> Option<QueueReport> {
         self.out.notifications += 1;
+        // A call stops at MAX_PAGES_PER_CALL pages; the chain that crosses it is served
+        // whole (at most a full inflate, or a chain of the largest reported blocks).
+        let chain_pages = (MAX_PFNS_PER_REQUEST as u64)
+            .max(MAX_CHAIN_DESCRIPTORS as u64 * MAX_REPORT_BLOCK / PFN_PAGE_SIZE);
+        let served = self.pages_served() - pages;
+        assert!(
+            served < MAX_PAGES_PER_CALL + chain_pages,
+            "{served} pages in one call"
+        );
+        // Held work: its bytes under MAX_HELD_BYTES, at most one record per head.
+        assert!(self.dev.held_bytes() <= MAX_HELD_BYTES);
+        let heads = self.queues.len() * usize::from(QUEUE_SIZE);
+        assert!(
+            self.dev.held_requests() <= heads,
+            "{} held",
+            self.dev.held_requests()
+        );
         match r {
             Ok(r) => {
                 assert!(r.chains <= usize::from(QUEUE_SIZE), "{} chains", r.chains);
-                assert!(self.dev.held_bytes() <= MAX_HELD_BYTES);
                 self.out.chains += r.chains;
                 self.out.malformed += r.malformed;
                 self.out.more += usize::from(r.more);
@@ -371,7 +427,7 @@ impl Harness {
     /// checked when it is used ([`Oracle::expect`] says when it can be).
     fn plausible_request(&mut self, c: &mut Cursor<'_>, q: usize) {
         let added = self.add_plausible(c, q, None);
-        drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), None));
+        drop(self.notify(u16::try_from(q).unwrap_or(u16::MAX), None, None));
         if let Some((head, before, p)) = added {
             self.oracle.expect(q, head, before, p);
         }
@@ -466,7 +522,12 @@ fn plausible_request(
             if bitmap && kind == Some(QueueKind::Inflate) {
                 let at = DATA + 0x10_000 + 0x40 * u64::from(c.u8() % 64);
                 bufs.push(DriverBuf::write(at, k.div_ceil(8)));
-                promise = Some(Promise::Inflate { pfns, bitmap: at });
+                promise = Some(Promise::Inflate {
+                    alt: pfns.clone(),
+                    pfns,
+                    arr,
+                    bitmap: at,
+                });
             }
             (bufs, promise)
         }

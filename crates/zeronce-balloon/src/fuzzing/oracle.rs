@@ -5,6 +5,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::mutation::Applied;
 use super::QUEUE_SIZE;
 use crate::features::QueueKind;
 use crate::spec::PFN_PAGE_SIZE;
@@ -12,8 +13,15 @@ use crate::spec::PFN_PAGE_SIZE;
 /// What a well-formed request promised to check when it is used.
 #[derive(Clone, Debug)]
 pub(super) enum Promise {
-    /// An inflate with its PFNs and the bitmap the device writes.
-    Inflate { pfns: Vec<u32>, bitmap: u64 },
+    /// An inflate with its PFNs (array at `arr`), the bitmap the device writes, and per
+    /// PFN the value the guest wrote over it during the call (`alt`, else the same): the
+    /// device read one or the other, and a set bit promises that page zero.
+    Inflate {
+        pfns: Vec<u32>,
+        alt: Vec<u32>,
+        arr: u64,
+        bitmap: u64,
+    },
     /// A report of these blocks `(gpa, len)`; a `used_len` of `total` promises all zero.
     Report { blocks: Vec<(u64, u64)>, total: u32 },
 }
@@ -81,6 +89,44 @@ impl Oracle {
         }
     }
 
+    /// The guest overwrote a word during a call on queue `q` that popped `batch`
+    /// ([`Applied`]). A rewritten PFN of a batch request's array becomes its alternative
+    /// (the device read the old or the new value); a promise whose zero pages or bitmap
+    /// hold the word is dropped (the guest wrote there itself), and so is every promise
+    /// of `q` when the word was a descriptor (the chain the device walked is unknown).
+    pub fn mutated(&mut self, q: usize, batch: &[u16], a: Applied) {
+        let page = a.at / PFN_PAGE_SIZE;
+        for (qi, v) in self.promises.iter_mut().enumerate() {
+            for (head, slot) in v.iter_mut().enumerate() {
+                let this_batch = qi == q && batch.contains(&(head as u16));
+                let keep = match slot.as_mut() {
+                    None => true,
+                    Some(_) if a.desc => qi != q,
+                    Some(Promise::Inflate {
+                        pfns,
+                        alt,
+                        arr,
+                        bitmap,
+                    }) => {
+                        let n = pfns.len() as u64;
+                        if this_batch && (*arr..*arr + 4 * n).contains(&a.at) {
+                            alt[((a.at - *arr) / 4) as usize] = a.new;
+                        }
+                        let on_page = |p: &u32| u64::from(*p) == page;
+                        let bitmap_hit = a.at + 4 > *bitmap && a.at < *bitmap + n.div_ceil(8);
+                        !(bitmap_hit || pfns.iter().any(on_page) || alt.iter().any(on_page))
+                    }
+                    Some(Promise::Report { blocks, .. }) => {
+                        !blocks.iter().any(|&(g, l)| a.at + 4 > g && a.at < g + l)
+                    }
+                };
+                if !keep {
+                    *slot = None;
+                }
+            }
+        }
+    }
+
     /// The device used `id` on queue `q` with `len`: it was popped, and what its
     /// request promised holds in `mem`.
     pub fn used(
@@ -103,16 +149,22 @@ impl Oracle {
             return;
         };
         match (kind, p) {
-            (Some(QueueKind::Inflate), Promise::Inflate { pfns, bitmap }) if len > 0 => {
+            (
+                Some(QueueKind::Inflate),
+                Promise::Inflate {
+                    pfns, alt, bitmap, ..
+                },
+            ) if len > 0 => {
                 let mut bytes = vec![0u8; len as usize];
                 mem.read_slice(&mut bytes, GuestAddress(bitmap))
                     .expect("bitmap in RAM");
                 for (i, pfn) in pfns.iter().enumerate() {
                     if bytes.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0) {
-                        let at = u64::from(*pfn) * PFN_PAGE_SIZE;
+                        let zero =
+                            |p: u32| reads_zero(mem, u64::from(p) * PFN_PAGE_SIZE, PFN_PAGE_SIZE);
                         assert!(
-                            reads_zero(mem, at, PFN_PAGE_SIZE),
-                            "inflate bit {i} promised PFN {pfn:#x} zero; it is not"
+                            zero(*pfn) || zero(alt[i]),
+                            "inflate bit {i} promised PFN {pfn:#x} (or {:#x} written over it during the call) zero; it is not", alt[i]
                         );
                     }
                 }

@@ -102,10 +102,11 @@ fn single_piece(first: usize, end: usize) -> Option<Piece> {
 }
 
 impl ClaimMap {
-    /// The map of `pages` pages, none claimed.
+    /// The map of `pages` pages, none claimed: zeroed allocations, so a map of a large
+    /// range is address space backed only where claims write bits.
     pub(crate) fn new(pages: usize) -> Self {
         let groups = pages.div_ceil(GROUP);
-        let words = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
+        let words = bytemuck::zeroed_slice_box::<AtomicU64>;
         ClaimMap {
             pages: words(groups),
             groups: words(groups.div_ceil(64)),

@@ -47,6 +47,8 @@ pub type ZeronceAlloc<A> = SplitAlloc<A, ProcessBackend>;
 
 /// Largest block: 1 GiB (order 18). Larger allocations go to the inner allocator.
 const MAX_ORDER: u8 = MAX_ORDER_LIMIT;
+/// Address space reserved by default: 64 GiB.
+const DEFAULT_RANGE: usize = 64 << 30;
 /// Alignment every block has (the range starts on a 2 MiB boundary).
 const BLOCK_ALIGN: usize = 2 << 20;
 
@@ -97,11 +99,11 @@ impl Default for ProcessBackend {
 }
 
 impl ProcessBackend {
-    /// Threshold 2 MiB, a 4 GiB range, [`HostPolicy::ZeroThenReport`] with a 2 s hold.
+    /// Threshold 2 MiB, a 64 GiB range, [`HostPolicy::ZeroThenReport`] with a 2 s hold.
     pub const fn new() -> Self {
         ProcessBackend {
             threshold: 2 << 20,
-            range_bytes: 4 << 30,
+            range_bytes: DEFAULT_RANGE,
             policy: HostPolicy::ZeroThenReport {
                 hold: Duration::from_secs(2),
             },
@@ -122,9 +124,10 @@ impl ProcessBackend {
         self
     }
 
-    /// Address space reserved (default 4 GiB, rounded down to 2 MiB). It costs nothing
-    /// until touched, except the allocator's frame table: 12 bytes per 4 KiB page (0.3 %),
-    /// resident from the first large allocation.
+    /// Address space reserved (default 64 GiB, rounded down to 2 MiB). It costs nothing
+    /// until used: the range is `MAP_NORESERVE`, and the allocator's metadata (12 bytes
+    /// per 4 KiB page, 0.3 %, plus a bit per page) are zeroed allocations whose pages are
+    /// backed only once blocks in their part of the range are split or claimed.
     pub const fn range_bytes(mut self, bytes: usize) -> Self {
         self.range_bytes = bytes / BLOCK_ALIGN * BLOCK_ALIGN;
         self

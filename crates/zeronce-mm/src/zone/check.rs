@@ -147,7 +147,7 @@ impl Zone {
         if self
             .lists
             .head(order, state)
-            .is_some_and(|h| self.links[h as usize].prev != NIL)
+            .is_some_and(|h| self.links.get(h).is_some_and(|l| l.prev != NIL))
         {
             return fail(format!("head of ({order}, {state:?}) has a prev link"));
         }

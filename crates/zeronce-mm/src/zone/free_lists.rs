@@ -32,6 +32,48 @@ impl Link {
     };
 }
 
+/// The [`Link`]s of every frame of a zone, stored as `[prev, next]` pairs: a table of plain
+/// zeros is a zeroed allocation, which for a large zone is fresh anonymous memory that is
+/// backed only where an entry is written (a 64 GiB range costs 128 MiB of links, all of
+/// it address space until the frames are used). A frame's link is meaningful only while
+/// it heads a listed block, and [`FreeLists::push`] writes it whole then, so the initial
+/// zeros are never read.
+pub(crate) struct Links(Vec<[u32; 2]>);
+
+impl Links {
+    /// Links of `frames` frames (zeroed, see the type docs).
+    pub fn new(frames: usize) -> Links {
+        Links(vec![[0; 2]; frames])
+    }
+
+    /// Number of frames.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The link of frame `idx`, if in the table.
+    pub fn get(&self, idx: u32) -> Option<Link> {
+        self.0
+            .get(idx as usize)
+            .map(|&[prev, next]| Link { prev, next })
+    }
+
+    /// Sets the link of frame `idx`.
+    fn set(&mut self, idx: u32, link: Link) {
+        self.0[idx as usize] = [link.prev, link.next];
+    }
+
+    /// Sets the previous-block link of frame `idx`.
+    fn set_prev(&mut self, idx: u32, prev: u32) {
+        self.0[idx as usize][0] = prev;
+    }
+
+    /// Sets the next-block link of frame `idx`.
+    fn set_next(&mut self, idx: u32, next: u32) {
+        self.0[idx as usize][1] = next;
+    }
+}
+
 /// Heads, lengths and non-empty masks of the per-(order, state) free lists of one zone.
 #[derive(Clone, Debug)]
 pub(crate) struct FreeLists {
@@ -58,7 +100,7 @@ impl FreeLists {
     pub fn push(
         &mut self,
         tags: &TagTable,
-        links: &mut [Link],
+        links: &mut Links,
         idx: u32,
         order: Order,
         state: FreeState,
@@ -66,12 +108,15 @@ impl FreeLists {
         let (o, s) = (order.index(), state.index());
         let old = self.heads[o][s];
         tags.set(idx, Tag::Free { order, state });
-        links[idx as usize] = Link {
-            prev: NIL,
-            next: old,
-        };
+        links.set(
+            idx,
+            Link {
+                prev: NIL,
+                next: old,
+            },
+        );
         if old != NIL {
-            links[old as usize].prev = idx;
+            links.set_prev(old, idx);
         }
         self.heads[o][s] = idx;
         self.counts[o][s] += 1;
@@ -80,19 +125,19 @@ impl FreeLists {
 
     /// Unlinks free block `idx` (which must be on list (order, state)) in O(1). Leaves its
     /// tag for the caller to overwrite.
-    pub fn remove(&mut self, links: &mut [Link], idx: u32, order: Order, state: FreeState) {
+    pub fn remove(&mut self, links: &mut Links, idx: u32, order: Order, state: FreeState) {
         let (o, s) = (order.index(), state.index());
-        let Link { prev, next } = links[idx as usize];
+        let Link { prev, next } = links.get(idx).unwrap_or(Link::NONE);
         if prev == NIL {
             // It was the head: the list now starts at its successor.
             self.heads[o][s] = next;
         } else {
-            links[prev as usize].next = next;
+            links.set_next(prev, next);
         }
         if next != NIL {
-            links[next as usize].prev = prev;
+            links.set_prev(next, prev);
         }
-        links[idx as usize] = Link::NONE;
+        links.set(idx, Link::NONE);
         self.counts[o][s] -= 1;
         if self.counts[o][s] == 0 {
             self.nonempty[s] &= !(1 << o);
@@ -100,7 +145,7 @@ impl FreeLists {
     }
 
     /// Unlinks and returns the first block of list (order, state), if any.
-    pub fn pop(&mut self, links: &mut [Link], order: Order, state: FreeState) -> Option<u32> {
+    pub fn pop(&mut self, links: &mut Links, order: Order, state: FreeState) -> Option<u32> {
         let head = self.heads[order.index()][state.index()];
         if head == NIL {
             return None;
@@ -146,7 +191,7 @@ impl FreeLists {
     }
 
     /// Walks list (order, state) in order; used by the invariant checker.
-    pub fn walk<'a>(&self, links: &'a [Link], order: Order, state: FreeState) -> ListWalk<'a> {
+    pub fn walk<'a>(&self, links: &'a Links, order: Order, state: FreeState) -> ListWalk<'a> {
         ListWalk {
             links,
             cur: self.heads[order.index()][state.index()],
@@ -158,7 +203,7 @@ impl FreeLists {
 
 /// Iterator over a free list; yields `(idx, prev link as stored, expected prev)`.
 pub(crate) struct ListWalk<'a> {
-    links: &'a [Link],
+    links: &'a Links,
     cur: u32,
     prev: u32,
     steps: usize,
@@ -172,7 +217,7 @@ impl Iterator for ListWalk<'_> {
             return None;
         }
         let idx = self.cur;
-        let link = self.links.get(idx as usize)?;
+        let link = self.links.get(idx)?;
         let item = (idx, link.prev, self.prev);
         self.prev = idx;
         self.cur = link.next;

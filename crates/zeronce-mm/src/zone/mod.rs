@@ -12,7 +12,7 @@ use crate::error::FreeError;
 use crate::manager::ReportedNotZero;
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
-use free_lists::{FreeLists, Link};
+use free_lists::{FreeLists, Links};
 use std::sync::Arc;
 use tags::{Tag, TagTable};
 
@@ -97,7 +97,7 @@ pub(crate) struct Zone {
     /// One entry per page of `range`.
     tags: Arc<TagTable>,
     /// List links, one per page (beside the pages, never in them).
-    links: Vec<Link>,
+    links: Links,
     /// Free lists threaded through `links`.
     lists: FreeLists,
     /// Pages in free blocks on the lists.
@@ -125,7 +125,7 @@ impl Zone {
             max_order,
             low_watermark,
             tags: Arc::new(TagTable::new(frames)),
-            links: vec![Link::NONE; frames],
+            links: Links::new(frames),
             lists: FreeLists::new(),
             free_pages: 0,
             isolated_pages: 0,

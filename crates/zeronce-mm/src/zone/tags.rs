@@ -92,14 +92,12 @@ impl Tag {
 pub(crate) struct TagTable(Box<[AtomicU32]>);
 
 impl TagTable {
-    /// `frames` tails.
+    /// `frames` tails. [`Tag::Tail`] packs to 0, so the table is a zeroed allocation: for a
+    /// large zone, fresh anonymous memory backed only where a tag is written (a 64 GiB
+    /// range has 64 MiB of tags, of which a new zone writes one per max-order block).
     #[inline]
     pub fn new(frames: usize) -> TagTable {
-        TagTable(
-            (0..frames)
-                .map(|_| AtomicU32::new(Tag::Tail.pack()))
-                .collect(),
-        )
+        TagTable(bytemuck::zeroed_slice_box(frames))
     }
 
     /// Number of frames.
@@ -133,6 +131,13 @@ impl TagTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_table_is_tails_and_tail_packs_to_zero() {
+        assert_eq!(Tag::Tail.pack(), 0, "TagTable::new relies on it");
+        let table = TagTable::new(3);
+        assert!((0..3).all(|i| table.get(i) == Tag::Tail));
+    }
 
     #[test]
     fn every_tag_round_trips() {

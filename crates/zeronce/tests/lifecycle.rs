@@ -163,29 +163,55 @@ fn the_background_zeroer_never_writes_a_block_someone_holds() {
 }
 
 /// `background + alloc_path + at_free <= freed` on memory that starts zero: every byte
-/// zeroed was freed since it was last zeroed. (Blocks of reporting order and above: below
-/// it, the manager's per-block "known zero" alone is tracked, which a merge with a dirty
-/// buddy forgets.)
+/// zeroed was freed since it was last zeroed.
 fn never_twice(z: ZeroingStats) -> bool {
     z.background + z.alloc_path + z.at_free <= z.freed
 }
 
+/// Host policies, and none (no reporting, no background zeroer).
+fn host() -> impl Strategy<Value = Option<HostPolicy>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(HostPolicy::Immediate)),
+        Just(Some(HostPolicy::Hold(Duration::from_secs(3600)))),
+        Just(Some(HostPolicy::Lazy)),
+        Just(Some(HostPolicy::ZeroThenReport {
+            hold: Duration::ZERO
+        })),
+        Just(Some(HostPolicy::ZeroThenReport {
+            hold: Duration::from_secs(3600)
+        })),
+    ]
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Blocks of every size, from one page (far below the reporting order, 2 MiB) to
+    /// 4 MiB, in every combination of `init_on_free`, `init_on_alloc` and host policy.
     #[test]
     fn no_byte_is_zeroed_twice_in_any_combination(
         init_on_free in any::<bool>(),
         init_on_alloc in any::<bool>(),
-        ops in prop::collection::vec((0u8..5, 9u8..=10, any::<bool>()), 1..60),
+        host in host(),
+        ops in prop::collection::vec((0u8..6, 0u8..=10, any::<bool>()), 1..80),
     ) {
-        let pm = ProcessMemory::builder()
+        let mut builder = ProcessMemory::builder()
             .size(SIZE)
             .backing(BackingKind::Anonymous { thp: false })
             .verify(true)
             .init_on_free(init_on_free)
-            .init_on_alloc(init_on_alloc)
-            .build()
-            .unwrap();
+            .init_on_alloc(init_on_alloc);
+        if let Some(policy) = host {
+            builder = builder.reporting(ReportingSetup {
+                config: ReportingConfig {
+                    watermark_gate: false,
+                    ..ReportingConfig::default()
+                },
+                policy,
+                zero_hints: true,
+            });
+        }
+        let pm = builder.build().unwrap();
         let mut live = Vec::new();
         for (op, o, zeroed) in ops {
             match op {
@@ -195,12 +221,13 @@ proptest! {
                         if zeroed || init_on_alloc {
                             prop_assert!(b.as_slice().iter().all(|&x| x == 0));
                         }
-                        b.as_mut_slice()[0] = 0xEE;
+                        b.as_mut_slice().fill(0xEE);
                         live.push(b);
                     }
                 }
                 2 if !live.is_empty() => drop(live.swap_remove(o as usize % live.len())),
                 3 => { pm.prezero(u64::MAX, &CancelToken::new()); }
+                4 => { pm.flush(u64::MAX); }
                 _ => {}
             }
             let z = pm.stats().zeroing;

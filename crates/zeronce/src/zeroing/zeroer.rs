@@ -1,6 +1,6 @@
 //! The real [`Zeroer`] of process mode: zeroes and checks pages of a [`SharedRam`] with
 //! zeronce-mem's kernels (verify mode reads the memory). With a [`ZeroMap`] it zeroes only
-//! the chunks not known zero there, and counts what it zeroed.
+//! the pages not known zero there, and counts what it zeroed.
 
 use std::sync::Arc;
 
@@ -77,9 +77,18 @@ impl Zeroer for RamZeroer {
             }
             if map.take_for_zeroing(i) {
                 map.count_skipped(part.bytes());
-            } else {
-                self.zero_range(part, hint_last);
-                map.count_zeroed(Site::AllocPath, part.bytes());
+                continue;
+            }
+            // Only the pages written since they were last zeroed.
+            let mut zeroed = 0;
+            map.for_each_written_run(part, |run| {
+                self.zero_range(run, hint_last);
+                zeroed += run.bytes();
+            });
+            map.zeroed(part);
+            map.count_zeroed(Site::AllocPath, zeroed);
+            if zeroed < part.bytes() {
+                map.count_skipped(part.bytes() - zeroed);
             }
         }
     }

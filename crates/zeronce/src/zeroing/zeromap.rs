@@ -6,8 +6,9 @@
 //! it (known_zero = a ∧ b). The map remembers it per chunk, so work done on half of a block
 //! is never done again: the allocation path zeroes only the chunks not known zero, and the
 //! background zeroer only the chunks nobody zeroed since they were last handed out.
-//! Blocks smaller than a chunk leave it `Used`: for them only the manager's per-block
-//! state counts, and a merge with a dirty buddy may make a zero-request zero them again.
+//! Blocks smaller than a chunk leave it `Used`; within a chunk that is not known zero, a
+//! bit per page ([`WrittenPages`]) tells which pages were written since they were last
+//! zeroed, so those blocks are not zeroed twice either.
 //!
 //! Protocol (every transition is one compare-and-swap; `Zeroing` is held by one zeroer at a
 //! time and every other transition waits for it to end, at most one chunk's zeroing):
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
 
 use zeronce_mm::{Block, Order, PageRange, Pfn};
 
+use super::written::WrittenPages;
 use crate::threads::PerThread;
 
 /// Some part was handed out since the chunk was last freed whole: contents unknown, and
@@ -34,9 +36,9 @@ const ZERO: u8 = 2;
 /// A zeroer is writing it.
 const ZEROING: u8 = 3;
 
-/// Counters of the zero-once lifecycle of a [`crate::ProcessMemory`], in bytes. Nothing of
-/// reporting order or above is zeroed twice: every byte zeroed was handed out (or was
-/// dirty at start) and freed since it was last zeroed, so
+/// Counters of the zero-once lifecycle of a [`crate::ProcessMemory`], in bytes. Nothing is
+/// zeroed twice: every byte zeroed was handed out (or was dirty at start) and freed since
+/// it was last zeroed, so
 /// `background + alloc_path + at_free <= freed + initially dirty`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ZeroingStats {
@@ -47,8 +49,9 @@ pub struct ZeroingStats {
     pub alloc_path: u64,
     /// Zeroed at free (`init_on_free`).
     pub at_free: u64,
-    /// Zero-requests for blocks the manager thought dirty whose chunks were known zero
-    /// here (merged with a dirty buddy after their zeroing): not zeroed again.
+    /// Bytes of zero-requests for blocks the manager thought dirty that were known zero
+    /// here (merged with a dirty buddy after their zeroing, or never written since): not
+    /// zeroed again.
     pub skipped_by_map: u64,
     /// Freed by their owners (any hint).
     pub freed: u64,
@@ -67,6 +70,7 @@ struct Counters {
 pub struct ZeroMap {
     chunk_order: Order,
     chunks: Vec<AtomicU8>,
+    written: WrittenPages,
     counters: Counters,
 }
 
@@ -95,6 +99,7 @@ impl ZeroMap {
         ZeroMap {
             chunk_order,
             chunks: (0..n).map(|_| AtomicU8::new(init)).collect(),
+            written: WrittenPages::new(pages, !zero),
             counters: Counters {
                 background: AtomicU64::new(0),
                 alloc_path: AtomicU64::new(0),
@@ -148,11 +153,23 @@ impl ZeroMap {
         }
     }
 
-    /// A block was handed out: its chunks become `Used` (after any zeroer on them ended).
+    /// A block was handed out: its chunks become `Used` (after any zeroer on them ended),
+    /// its pages written (its holder may write them).
     pub(crate) fn handed_out(&self, block: Block) {
         for i in self.overlapping(block.range()) {
             self.set(i, USED);
         }
+        self.written.mark(block.range(), true);
+    }
+
+    /// Calls `f` on each run of pages of `range` written since they were last zeroed.
+    pub(crate) fn for_each_written_run(&self, range: PageRange, f: impl FnMut(PageRange)) {
+        self.written.for_each_written_run(range, f);
+    }
+
+    /// The pages of `range` were zeroed.
+    pub(crate) fn zeroed(&self, range: PageRange) {
+        self.written.mark(range, false);
     }
 
     /// Takes chunk `i` for zeroing on the allocation path (its block was just taken from
@@ -170,6 +187,12 @@ impl ZeroMap {
             .freed
             .mine()
             .fetch_add(block.order.bytes(), Relaxed);
+        let range = block.range();
+        let zero_pages = range.pages.saturating_sub(zero_from);
+        self.written.mark(
+            PageRange::new(Pfn(range.end().0 - zero_pages), zero_pages),
+            false,
+        );
         if block.order < self.chunk_order {
             return;
         }
@@ -204,6 +227,9 @@ impl ZeroMap {
 
     /// Ends the zeroing of chunk `i`: `done` → `Zero`, else back to `Dirty`.
     pub(crate) fn end_zeroing(&self, i: usize, done: bool) {
+        if done {
+            self.zeroed(self.chunk_range(i));
+        }
         self.chunks[i].store(if done { ZERO } else { DIRTY }, Release);
     }
 

@@ -12,12 +12,11 @@
 //! releasing a block costs an atomic operation or two on a word other threads are
 //! unlikely to use, instead of a lock every allocation of every thread takes.
 
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::claims::ClaimMap;
 use crate::discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
-use crate::ram::{bytes_are_zero, BackingKind, GuestRam};
+use crate::ram::{bytes_are_zero, touch_for_write, BackingKind, GuestRam};
 use crate::resident::ResidentError;
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 
@@ -202,26 +201,9 @@ impl RamRange {
     }
 
     /// Faults the pages in for writing, one byte every `stride` bytes (0 = 4 KiB), without
-    /// changing contents: a compare-and-exchange of 0 with 0, which the CPU performs as a
-    /// write access whatever the byte holds. A read followed by a write of the same byte
-    /// would fault an untouched 4 KiB page twice (the read maps the shared zero page, the
-    /// write replaces it), and a compiler may fold an idempotent read-modify-write such as
-    /// `fetch_or(0)` into a plain load.
+    /// changing contents; see [`touch_for_write`].
     pub fn touch(&mut self, stride: usize) {
-        let stride = if stride == 0 {
-            crate::PAGE_SIZE
-        } else {
-            stride
-        };
-        let bytes = self.as_mut_slice();
-        for i in (0..bytes.len()).step_by(stride) {
-            let p: *mut u8 = &mut bytes[i];
-            // SAFETY: `p` comes from a live `&mut u8` (valid, aligned for `AtomicU8`), and
-            // no other access to that byte happens while the atomic exists.
-            let byte = unsafe { AtomicU8::from_ptr(p) };
-            // Either outcome leaves the byte as it was.
-            let _ = byte.compare_exchange(0, 0, Relaxed, Relaxed);
-        }
+        touch_for_write(self.as_mut_slice(), stride);
     }
 
     /// Address of the first byte (what a global allocator hands out; see
@@ -282,6 +264,7 @@ impl Drop for RamRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
 
     fn ram() -> Arc<SharedRam> {
         SharedRam::new(GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap())
@@ -409,5 +392,15 @@ mod tests {
         assert!(r.resident_bytes(0, pages * 4096).unwrap() >= 511 * 4096);
         assert_eq!(a.as_slice()[3 * 4096], 9);
         assert_eq!(a.as_slice().iter().filter(|&&b| b != 0).count(), 1);
+
+        // `GuestRam::touch` (VM mode's) shares the same write-only touch.
+        let mut guest = GuestRam::new(pages * 4096, BackingKind::Anonymous { thp: false }).unwrap();
+        let before = minor_faults();
+        guest.touch(0, pages * 4096, 0).unwrap();
+        let faults = minor_faults() - before;
+        assert!(
+            faults <= pages as u64 + 8,
+            "GuestRam::touch: {faults} faults for {pages} pages"
+        );
     }
 }

@@ -14,6 +14,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use rustix::io::Errno;
 use rustix::mm::{madvise, Advice};
@@ -324,21 +325,12 @@ impl GuestRam {
         Ok(bytes_are_zero(&self.as_slice()[r]))
     }
 
-    /// Faults `[offset, offset + len)` in for writing: rewrites one byte every `stride`
-    /// bytes (a `stride` of 0 means [`PAGE_SIZE`]) with its own value, so contents are
-    /// unchanged. Volatile, so the compiler cannot drop it.
+    /// Faults `[offset, offset + len)` in for writing without changing its contents, one
+    /// byte every `stride` bytes (a `stride` of 0 means [`PAGE_SIZE`]); see
+    /// [`touch_for_write`].
     pub fn touch(&mut self, offset: usize, len: usize, stride: usize) -> Result<(), RangeError> {
         let r = self.check(offset, len)?;
-        let stride = if stride == 0 { PAGE_SIZE } else { stride };
-        let base = self.ptr.as_ptr();
-        for i in r.step_by(stride) {
-            // SAFETY: `i < self.len` (checked range), the mapping is live and writable, and
-            // `&mut self` guarantees no reference to its contents is alive.
-            unsafe {
-                let p = base.add(i);
-                p.write_volatile(p.read_volatile());
-            }
-        }
+        touch_for_write(&mut self.as_mut_slice()[r], stride);
         Ok(())
     }
 
@@ -421,6 +413,24 @@ impl Drop for GuestRam {
         // self` means no reference into it survives. The fd closes after (the mapping
         // keeps the file).
         unsafe { unmap(self.ptr, self.len) };
+    }
+}
+
+/// Faults `bytes` in for writing, one byte every `stride` bytes (0 means [`PAGE_SIZE`]),
+/// without changing contents: a compare-and-exchange of 0 with 0, which the CPU performs
+/// as a write access whatever the byte holds. A read followed by a write of the same byte
+/// would fault an untouched 4 KiB page twice (the read maps the shared zero page, the
+/// write replaces it), and a compiler may fold an idempotent read-modify-write such as
+/// `fetch_or(0)` into a plain load.
+pub fn touch_for_write(bytes: &mut [u8], stride: usize) {
+    let stride = if stride == 0 { PAGE_SIZE } else { stride };
+    for i in (0..bytes.len()).step_by(stride) {
+        let p: *mut u8 = &mut bytes[i];
+        // SAFETY: `p` comes from a live `&mut u8` (valid, aligned for `AtomicU8`), and no
+        // other access to that byte happens while the atomic exists.
+        let byte = unsafe { AtomicU8::from_ptr(p) };
+        // Either outcome leaves the byte as it was.
+        let _ = byte.compare_exchange(0, 0, Relaxed, Relaxed);
     }
 }
 

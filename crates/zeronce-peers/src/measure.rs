@@ -1,6 +1,6 @@
 //! Clocks and RSS readers of the workloads.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// CPU time consumed by the calling thread so far.
 pub fn thread_cpu() -> Duration {
@@ -16,6 +16,43 @@ pub fn rss_anon_mib() -> f64 {
 /// Milliseconds of a duration.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The clocks of one timed step, and the idle time before it: memory idle for seconds may
+/// be reclaimed by the machine's own host and faulted back slowly, so every step records
+/// how long its memory sat unused before the clocks started.
+pub struct Timer {
+    idle: Duration,
+    cpu0: Duration,
+    wall0: Instant,
+}
+
+impl Timer {
+    /// Starts the clocks; the idle time is the time since `idle_from` (the last free of the
+    /// memory the step reuses, the last write of it, or the process start).
+    pub fn start(idle_from: Instant) -> Self {
+        let idle = idle_from.elapsed();
+        Timer {
+            idle,
+            cpu0: thread_cpu(),
+            wall0: Instant::now(),
+        }
+    }
+
+    /// Milliseconds idle before the step.
+    pub fn idle_ms(&self) -> f64 {
+        ms(self.idle)
+    }
+
+    /// CPU time of the calling thread since the start.
+    pub fn cpu(&self) -> Duration {
+        thread_cpu() - self.cpu0
+    }
+
+    /// Wall time since the start.
+    pub fn wall(&self) -> Duration {
+        self.wall0.elapsed()
+    }
 }
 
 /// Writes a non-zero byte every 4 KiB of `buf` (what a program filling it does to the

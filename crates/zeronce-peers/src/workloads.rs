@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::measure::{ms, rss_anon_mib, thread_cpu, touch};
+use crate::measure::{ms, rss_anon_mib, touch, Timer};
 
 const REUSE_BYTES: usize = 256 << 20;
 
@@ -17,18 +17,17 @@ pub fn reuse(delay_ms: u64, idle_after_s: u64) -> Value {
     drop(first);
     let idle_from = Instant::now();
     std::thread::sleep(Duration::from_millis(delay_ms));
-    let idle_ms = ms(idle_from.elapsed());
     let rss_idle = rss_anon_mib();
-    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+    let timer = Timer::start(idle_from);
     let mut again = vec![0u8; REUSE_BYTES];
-    let alloc_cpu = thread_cpu() - cpu0;
+    let alloc_cpu = timer.cpu();
     touch(&mut again);
-    let (cpu, wall) = (thread_cpu() - cpu0, wall0.elapsed());
+    let (cpu, wall) = (timer.cpu(), timer.wall());
     let rss_after = rss_anon_mib();
     drop(again);
     std::thread::sleep(Duration::from_secs(idle_after_s));
     json!({
-        "workload": "reuse", "delay_ms": delay_ms, "idle_ms": idle_ms,
+        "workload": "reuse", "delay_ms": delay_ms, "idle_ms": timer.idle_ms(),
         "alloc_cpu_ms": ms(alloc_cpu), "cpu_ms": ms(cpu), "wall_ms": ms(wall),
         "rss_idle_mib": rss_idle, "rss_after_mib": rss_after,
         "idle_after_s": idle_after_s, "rss_idle_after_free_mib": rss_anon_mib(),
@@ -39,13 +38,13 @@ pub fn reuse(delay_ms: u64, idle_after_s: u64) -> Value {
 pub fn floor() -> Value {
     let mut buf = vec![0u8; REUSE_BYTES];
     touch(&mut buf);
-    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+    let timer = Timer::start(Instant::now());
     buf.fill(0);
     std::hint::black_box(&mut buf);
     touch(&mut buf);
     json!({
-        "workload": "floor",
-        "cpu_ms": ms(thread_cpu() - cpu0), "wall_ms": ms(wall0.elapsed()),
+        "workload": "floor", "idle_ms": timer.idle_ms(),
+        "cpu_ms": ms(timer.cpu()), "wall_ms": ms(timer.wall()),
     })
 }
 
@@ -57,12 +56,13 @@ fn next(x: &mut u64) -> u64 {
     *x
 }
 
-/// 2 threads allocating zeroed buffers of 1–64 MiB and touching them for `secs`.
-pub fn churn(secs: u64) -> Value {
+/// 2 threads allocating zeroed buffers of 1–64 MiB and touching them for `secs`; idle
+/// time is counted from `started` (the process start).
+pub fn churn(secs: u64, started: Instant) -> Value {
     let stop = AtomicBool::new(false);
     let bytes = AtomicU64::new(0);
     let peak = AtomicU64::new(0);
-    let start = Instant::now();
+    let timer = Timer::start(started);
     std::thread::scope(|s| {
         for t in 0..2u64 {
             let (stop, bytes) = (&stop, &bytes);
@@ -76,25 +76,26 @@ pub fn churn(secs: u64) -> Value {
                 }
             });
         }
-        while start.elapsed() < Duration::from_secs(secs) {
+        while timer.wall() < Duration::from_secs(secs) {
             peak.fetch_max((rss_anon_mib() * 1024.0) as u64, Relaxed);
             std::thread::sleep(Duration::from_millis(10));
         }
         stop.store(true, Relaxed);
     });
-    let wall = start.elapsed();
+    let wall = timer.wall();
     std::thread::sleep(Duration::from_secs(5));
     json!({
-        "workload": "churn", "secs": secs,
+        "workload": "churn", "secs": secs, "idle_ms": timer.idle_ms(),
         "throughput_mib_s": bytes.load(Relaxed) as f64 / (1 << 20) as f64 / wall.as_secs_f64(),
         "peak_rss_mib": peak.load(Relaxed) as f64 / 1024.0,
         "rss_5s_after_mib": rss_anon_mib(),
     })
 }
 
-/// "Reads" `rounds` files of 64 MiB into fresh zeroed buffers and hashes them.
-pub fn app(rounds: u64) -> Value {
-    let (cpu0, wall0) = (thread_cpu(), Instant::now());
+/// "Reads" `rounds` files of 64 MiB into fresh zeroed buffers and hashes them; idle time
+/// is counted from `started` (the process start).
+pub fn app(rounds: u64, started: Instant) -> Value {
+    let timer = Timer::start(started);
     let mut digest = 0u64;
     let mut peak = 0f64;
     for r in 0..rounds {
@@ -111,7 +112,7 @@ pub fn app(rounds: u64) -> Value {
     }
     json!({
         "workload": "app", "rounds": rounds, "digest": format!("{digest:016x}"),
-        "cpu_ms": ms(thread_cpu() - cpu0), "wall_ms": ms(wall0.elapsed()),
+        "idle_ms": timer.idle_ms(), "cpu_ms": ms(timer.cpu()), "wall_ms": ms(timer.wall()),
         "peak_rss_mib": peak,
     })
 }

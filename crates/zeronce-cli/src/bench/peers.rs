@@ -3,9 +3,11 @@
 //! only in `#[global_allocator]`; every sample is a fresh process, contenders interleaved
 //! (the order rotates each round), medians per contender and step.
 //!
-//! A sample is *cold* when its time exceeds twice the median of its contender and step:
-//! memory idle for seconds may be reclaimed by the machine's own host and faulted back.
-//! Cold samples are counted and shown, never dropped; the `*_warm` figures leave them out.
+//! A sample is *cold* when its time exceeds twice the median of its contender and step (for
+//! the churn: its throughput is under half the median): memory idle for seconds may be
+//! reclaimed by the machine's own host and faulted back. Every step records the idle time
+//! before it (`idle_ms`); cold samples are counted and shown, never dropped; the `*_warm`
+//! figures leave them out.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,11 +55,36 @@ const ZERONCE: &str = "zeronce-zero-then-report";
 /// The reuse delays, in milliseconds.
 const DELAYS: [u64; 3] = [0, 100, 3000];
 
-/// A step: workload arguments and the field that is its time.
+/// The field a step's samples are judged cold on.
+#[derive(Clone, Copy, Debug)]
+enum Figure {
+    /// A time: cold when over twice the median.
+    Time(&'static str),
+    /// A throughput: cold when under half the median.
+    Rate(&'static str),
+}
+
+impl Figure {
+    fn field(self) -> &'static str {
+        match self {
+            Figure::Time(f) | Figure::Rate(f) => f,
+        }
+    }
+
+    /// Whether `value` is warm against the `median` of its group.
+    fn warm(self, value: f64, median: f64) -> bool {
+        match self {
+            Figure::Time(_) => value <= 2.0 * median,
+            Figure::Rate(_) => value >= median / 2.0,
+        }
+    }
+}
+
+/// A step: workload arguments and the figure its samples are judged on.
 struct Step {
     name: String,
     args: Vec<String>,
-    time_field: &'static str,
+    figure: Figure,
     /// Only glibc runs it (the floor).
     glibc_only: bool,
 }
@@ -66,7 +93,7 @@ fn steps(a: &PeersArgs) -> Vec<Step> {
     let mut v = vec![Step {
         name: "floor".into(),
         args: vec!["floor".into()],
-        time_field: "cpu_ms",
+        figure: Figure::Time("cpu_ms"),
         glibc_only: true,
     }];
     for d in DELAYS {
@@ -78,20 +105,20 @@ fn steps(a: &PeersArgs) -> Vec<Step> {
                 d.to_string(),
                 if d == 0 { "5" } else { "0" }.into(),
             ],
-            time_field: "cpu_ms",
+            figure: Figure::Time("cpu_ms"),
             glibc_only: false,
         });
     }
     v.push(Step {
         name: "churn".into(),
         args: vec!["churn".into(), a.churn_secs.to_string()],
-        time_field: "",
+        figure: Figure::Rate("throughput_mib_s"),
         glibc_only: false,
     });
     v.push(Step {
         name: "app".into(),
         args: vec!["app".into(), a.app_rounds.to_string()],
-        time_field: "wall_ms",
+        figure: Figure::Time("wall_ms"),
         glibc_only: false,
     });
     v
@@ -170,15 +197,19 @@ fn median(samples: &[Value], field: &str) -> Option<f64> {
     Summary::of(&v).map(|s| s.median)
 }
 
-/// Median of `field` over the samples whose `time` is at most twice the median time, and
-/// the number of the others (cold).
-fn warm_median(samples: &[Value], field: &str, time: &str) -> (Option<f64>, usize) {
-    let Some(m) = median(samples, time) else {
+/// Median of `field` over the samples that are warm by `figure`, and the number of the
+/// others (cold).
+fn warm_median(samples: &[Value], field: &str, figure: Figure) -> (Option<f64>, usize) {
+    let Some(m) = median(samples, figure.field()) else {
         return (None, 0);
     };
     let warm: Vec<Value> = samples
         .iter()
-        .filter(|s| s[time].as_f64().is_some_and(|t| t <= 2.0 * m))
+        .filter(|s| {
+            s[figure.field()]
+                .as_f64()
+                .is_some_and(|v| figure.warm(v, m))
+        })
         .cloned()
         .collect();
     (median(&warm, field), samples.len() - warm.len())
@@ -201,15 +232,13 @@ fn summarise(results: &Results, steps: &[Step]) -> Value {
             {
                 fields.insert(format!("{k}_median"), json!(median(samples, k)));
             }
-            if !step.time_field.is_empty() {
-                let (warm, cold) = warm_median(samples, step.time_field, step.time_field);
-                fields.insert(format!("{}_warm_median", step.time_field), json!(warm));
-                fields.insert("cold_samples".into(), json!(cold));
-                let times: Vec<Value> =
-                    samples.iter().map(|s| s[step.time_field].clone()).collect();
-                let idle: Vec<Value> = samples.iter().map(|s| s["idle_ms"].clone()).collect();
-                fields.insert(format!("{}_samples", step.time_field), json!(times));
-                fields.insert("idle_ms_samples".into(), json!(idle));
+            let field = step.figure.field();
+            let (warm, cold) = warm_median(samples, field, step.figure);
+            fields.insert(format!("{field}_warm_median"), json!(warm));
+            fields.insert("cold_samples".into(), json!(cold));
+            for f in [field, "idle_ms"] {
+                let each: Vec<Value> = samples.iter().map(|s| s[f].clone()).collect();
+                fields.insert(format!("{f}_samples"), json!(each));
             }
             per.insert((*contender).into(), Value::Object(fields));
         }
@@ -251,7 +280,11 @@ fn targets(results: &Results) -> Value {
     // Reused after 3 s: warm medians; peers that returned the memory while idle.
     let warm3: BTreeMap<&str, f64> = results["reuse_3000ms"]
         .iter()
-        .filter_map(|(c, s)| warm_median(s, "cpu_ms", "cpu_ms").0.map(|m| (*c, m)))
+        .filter_map(|(c, s)| {
+            warm_median(s, "cpu_ms", Figure::Time("cpu_ms"))
+                .0
+                .map(|m| (*c, m))
+        })
         .collect();
     let idle3 = medians(results, "reuse_3000ms", "rss_idle_mib");
     let returning: Vec<&str> = PEERS
@@ -321,4 +354,74 @@ pub fn run(a: &PeersArgs) -> BenchResult {
     });
     println!("{report}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> PeersArgs {
+        PeersArgs {
+            samples: 3,
+            churn_secs: 1,
+            app_rounds: 1,
+            bin_dir: None,
+        }
+    }
+
+    /// Samples of `step` for glibc, one JSON object per (figure value, idle ms).
+    fn results(step: &str, field: &str, samples: &[(f64, f64)]) -> Results {
+        let v = samples
+            .iter()
+            .map(|&(x, idle)| json!({ field: x, "idle_ms": idle }))
+            .collect();
+        BTreeMap::from([(step.to_string(), BTreeMap::from([("glibc", v)]))])
+    }
+
+    fn summary_of(step: &str, field: &str, samples: &[(f64, f64)]) -> Value {
+        let steps: Vec<Step> = steps(&args())
+            .into_iter()
+            .filter(|s| s.name == step)
+            .collect();
+        summarise(&results(step, field, samples), &steps)[step]["glibc"].clone()
+    }
+
+    #[test]
+    fn churn_counts_a_slow_throughput_cold_and_keeps_every_idle_time() {
+        let s = summary_of(
+            "churn",
+            "throughput_mib_s",
+            &[(1000.0, 3.0), (900.0, 4.0), (300.0, 5000.0)],
+        );
+        assert_eq!(s["cold_samples"], json!(1), "{s}");
+        assert_eq!(s["throughput_mib_s_warm_median"], json!(950.0), "{s}");
+        assert_eq!(s["throughput_mib_s_samples"], json!([1000.0, 900.0, 300.0]));
+        assert_eq!(s["idle_ms_samples"], json!([3.0, 4.0, 5000.0]));
+        assert_eq!(s["idle_ms_median"], json!(4.0));
+    }
+
+    #[test]
+    fn app_counts_a_slow_wall_time_cold_and_keeps_every_idle_time() {
+        let s = summary_of(
+            "app",
+            "wall_ms",
+            &[(100.0, 2.0), (110.0, 2.5), (500.0, 3.0)],
+        );
+        assert_eq!(s["cold_samples"], json!(1), "{s}");
+        assert_eq!(s["wall_ms_warm_median"], json!(105.0), "{s}");
+        assert_eq!(s["wall_ms_samples"], json!([100.0, 110.0, 500.0]));
+        assert_eq!(s["idle_ms_samples"], json!([2.0, 2.5, 3.0]));
+    }
+
+    #[test]
+    fn reuse_keeps_its_cold_count_on_cpu_time() {
+        let s = summary_of(
+            "reuse_3000ms",
+            "cpu_ms",
+            &[(10.0, 3000.0), (12.0, 3001.0), (300.0, 3002.0)],
+        );
+        assert_eq!(s["cold_samples"], json!(1), "{s}");
+        assert_eq!(s["cpu_ms_warm_median"], json!(11.0), "{s}");
+        assert_eq!(s["idle_ms_samples"], json!([3000.0, 3001.0, 3002.0]));
+    }
 }

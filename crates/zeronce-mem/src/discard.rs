@@ -18,8 +18,7 @@ use rustix::fs::{fallocate, FallocateFlags};
 use rustix::io::Errno;
 use rustix::mm::{madvise, Advice};
 
-/// The base page size zeronce works in (the virtio-balloon PFN unit as well).
-pub const PAGE_SIZE: usize = 4096;
+pub use zeronce_types::{ZeroGuarantee, PAGE_SIZE};
 
 /// A way of handing memory back to the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -128,23 +127,6 @@ impl DiscardOp {
             DiscardOp::PunchHole | DiscardOp::Remove => backing.is_file(),
             DiscardOp::Free => backing == Backing::PrivateAnonymous,
         }
-    }
-}
-
-/// What a successful discard promises about the range's contents.
-#[must_use]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ZeroGuarantee {
-    /// The memory was returned and the range now reads zero.
-    Zeroed,
-    /// No promise: the old contents may survive (and the memory may not be returned).
-    NotZeroed,
-}
-
-impl ZeroGuarantee {
-    /// Whether the range is guaranteed to read zero.
-    pub fn is_zeroed(self) -> bool {
-        self == ZeroGuarantee::Zeroed
     }
 }
 

@@ -3,8 +3,9 @@
 use crate::error::OrderError;
 use std::fmt;
 
-/// Size of one page frame in bytes (4 KiB, whatever the host page size).
-pub const PAGE_SIZE: u64 = 4096;
+/// Size of one page frame in bytes: [`zeronce_types::PAGE_SIZE`] (4 KiB, whatever the host
+/// page size) as a `u64`, the type frame arithmetic is done in here.
+pub const PAGE_SIZE: u64 = zeronce_types::PAGE_SIZE as u64;
 
 /// Largest order any zone may be configured with (2^18 pages = 1 GiB blocks).
 pub const MAX_ORDER_LIMIT: u8 = 18;

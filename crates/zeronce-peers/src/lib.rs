@@ -13,6 +13,9 @@
 //! Every timed step reports `idle_ms`, the time its memory sat unused before the clocks
 //! started (since the free for `reuse`, the write for `floor`, the process start for
 //! `churn` and `app`).
+//!
+//! What zeronce is and how its crates fit together: the repository's
+//! `docs/ARCHITECTURE.md`; the figures: `BENCHMARKS.md`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

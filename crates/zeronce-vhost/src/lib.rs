@@ -14,6 +14,9 @@
 //! - [`path`]: socket path checks.
 //! - [`frontend`]: the other side, for zeronce's own guest driver: its transport over
 //!   vhost-user (rust-vmm `vhost`'s `Frontend`); [`child`]: a `serve` child process.
+//!
+//! Where the daemon sits in the whole system, and how it maps the guest's memory: the
+//! repository's `docs/ARCHITECTURE.md` (§2, §9).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

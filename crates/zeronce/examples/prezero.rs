@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 tv_nsec: 100_000_000,
             };
             while !stop.is_cancelled() {
-                // epoll_wait in the seed; poll here (the fd goes into any event loop).
+                // epoll_wait in the hugetlb pre-zeroing series; poll here (the fd goes into any event loop).
                 let mut fds = [PollFd::new(&*pool, PollFlags::IN)];
                 if matches!(poll(&mut fds, Some(&tick)), Ok(n) if n > 0) {
                     pool.take_notifications();

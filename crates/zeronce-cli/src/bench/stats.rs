@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-/// CPU time consumed by the calling thread so far (the seeds' "task-clock").
+/// CPU time consumed by the calling thread so far (what `perf stat` calls "task-clock", the measure the upstream series report).
 pub fn thread_cpu_time() -> Duration {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)

@@ -363,7 +363,7 @@ pub fn measure(plan: &Plan, quick: bool) -> Result<Value, Box<dyn std::error::Er
             "ratio_prezeroed_over_fault_in": RATIO_TARGET.to_json(medians[3] / medians[0]),
             "prezero_rate_over_stream_bandwidth": RATE_TARGET.to_json(rate_ratio),
         },
-        "seed": "hugetlb pre-zeroing series (Skylake, 64 x 1 GiB): ~16 s to fault in without pre-zeroing, negligible with",
+        "upstream": "hugetlb pre-zeroing series (Skylake, 64 x 1 GiB): ~16 s to fault in without pre-zeroing, negligible with",
         "method": "time to ready = (fault_in) map a fresh hugetlbfs file + MADV_POPULATE_WRITE on 1 or one-per-CPU threads; (pool) take + map + MADV_POPULATE_WRITE, the file written by the previous user and zeroed inline at take or in the background before; wall medians; modes rotate per run; prezero rate = bytes / time zeroing pages (prezero_call: / the whole prezero call), paired per run with a one-pass streaming zero of populated hugetlb memory",
     }))
 }

@@ -12,7 +12,7 @@
 //!   to explain why cache-allocating kernels look good in naive loops).
 //! - **256 MiB**: one call zeroing the whole buffer.
 //!
-//! Time is the measuring thread's CPU time (the seeds' task-clock: preemption by the
+//! Time is the measuring thread's CPU time (the upstream series' task-clock: preemption by the
 //! other jobs on this shared 2-vCPU VM is not counted); wall-clock medians are in the JSON.
 
 use super::stats::{time_it, Summary};

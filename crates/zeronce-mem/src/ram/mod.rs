@@ -26,10 +26,7 @@ use crate::resident::{file_allocated_bytes, resident_bytes, ResidentError};
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 use crate::PAGE_SIZE;
 
-/// Size of a transparent huge page / 2 MiB hugetlb page.
-pub const HUGE_PAGE_2M: usize = 2 << 20;
-/// Size of a 1 GiB hugetlb page.
-pub const HUGE_PAGE_1G: usize = 1 << 30;
+pub use zeronce_types::{HUGE_PAGE_1G, HUGE_PAGE_2M};
 
 /// A hugetlb page size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

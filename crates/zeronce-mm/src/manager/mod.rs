@@ -152,19 +152,10 @@ pub enum FreeHint {
     KnownZero,
 }
 
-/// The host's answer for one reported block: did it zero it? The one vocabulary for that
-/// question in the allocator, the reporting engine and the guest driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// The host guarantees the block now reads zero (its backing was discarded by an
-    /// operation that refaults zero). The block goes back reported and known zero.
-    Zeroed,
-    /// The host took the block but promises nothing about its contents (lazy discard, a
-    /// hold not yet over, a host without zero hints). Reported; `known_zero` stays what it
-    /// was (a discard that does not zero, like MADV_FREE, leaves old contents, which were
-    /// zero if known zero).
-    NotZeroed,
-}
+/// The host's answer for one reported block: did it zero it? The same type as a discard's
+/// [`zeronce_types::ZeroGuarantee`], named for its role in the allocator, the reporting
+/// engine and the guest driver.
+pub use zeronce_types::ZeroGuarantee as Verdict;
 
 /// How an isolated block goes back to its free list ([`MemoryManager::put_back`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,8 +17,8 @@
 //!   allocatable; an allocator that finds nothing else waits for them).
 //! * [`HugePagePool::notifications`] / `AsFd`: an eventfd, readable when zeroable pages
 //!   appeared (at most one event per `min_event_interval` per node, trailing event
-//!   included) — put it in epoll/poll and call `prezero` when it fires, as in the seed's
-//!   pseudocode. See `examples/prezero.rs`.
+//!   included) — put it in epoll/poll and call `prezero` when it fires, as in the hugetlb
+//!   pre-zeroing series' pseudocode. See `examples/prezero.rs`.
 
 mod notify;
 mod page;
@@ -252,7 +252,7 @@ impl HugePagePool {
     }
 
     /// As [`HugePagePool::alloc`], on `node` only (`None`: any). If every free page is
-    /// being zeroed, waits for a zeroer to finish one (the seed's `hpage_wait_zeroing`).
+    /// being zeroed, waits for a zeroer to finish one (the hugetlb pre-zeroing series' `hpage_wait_zeroing`).
     pub fn alloc_on(&self, node: Option<ZoneId>, zeroed: bool) -> Result<PoolPage, PrezeroError> {
         let state = &self.inner.state;
         let mut pool = state.lock();

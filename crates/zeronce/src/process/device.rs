@@ -34,7 +34,7 @@ pub struct ProcessDevice {
     op: DiscardOp,
     policy: HostPolicy,
     /// Answer "zero" when the discard guarantees it (`false`: a host without zero hints,
-    /// the seeds' baseline).
+    /// the "skip redundant zeroing" series' baseline).
     zero_hints: bool,
     /// Held blocks: first PFN → (pages, end of hold). Never overlapping.
     held: BTreeMap<u64, (u64, Instant)>,

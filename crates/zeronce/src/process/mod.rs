@@ -44,7 +44,7 @@ pub struct ReportingSetup {
     /// What the "host" does with reported blocks.
     pub policy: HostPolicy,
     /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a host without zero hints,
-    /// every reported block comes back "not known zero" (the seeds' baseline).
+    /// every reported block comes back "not known zero" (the baseline the "skip redundant zeroing" series measures against).
     pub zero_hints: bool,
 }
 

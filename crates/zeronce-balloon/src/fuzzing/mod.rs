@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zeronce_mem::clock::deadline_after;
 use zeronce_mem::Backing;
 
@@ -26,7 +26,7 @@ use crate::device::{BalloonDevice, BalloonOptions};
 use crate::discard::DiscardPolicy;
 use crate::error::MalformedKind;
 use crate::features::{FeatureOffer, FeatureSet, QueueKind};
-use crate::guest_ring::{DriverBuf, DriverQueue, DESC_F_INDIRECT, DESC_F_NEXT};
+use crate::guest_ring::{DriverBuf, DriverQueue};
 use crate::mock::{HookedMemory, RecordingDiscarder, RecordingInterrupt};
 use crate::spec::limits::{
     MAX_CHAIN_DESCRIPTORS, MAX_HELD_BYTES, MAX_PAGES_PER_CALL, MAX_PFNS_PER_REQUEST,
@@ -35,8 +35,14 @@ use crate::spec::limits::{
 use crate::spec::PFN_PAGE_SIZE;
 use crate::QueueReport;
 
+mod checks;
+mod input;
 mod mutation;
 mod oracle;
+use checks::{
+    activate, chain_has_indirect, check_discards, check_one_request_prefaults, check_still_serves,
+};
+use input::{plausible_request, Cursor};
 use mutation::Mutation;
 use oracle::{Oracle, Promise};
 
@@ -65,45 +71,6 @@ pub struct FuzzOutcome {
     pub mutations: usize,
     /// Malformed requests per class ([`MalformedKind::index`]).
     pub kinds: [u64; MalformedKind::COUNT],
-}
-
-struct Cursor<'a>(&'a [u8]);
-
-impl Cursor<'_> {
-    fn u8(&mut self) -> u8 {
-        let (b, rest) = self.0.split_first().map_or((0, &[][..]), |(b, r)| (*b, r));
-        self.0 = rest;
-        b
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from(self.u32()) | u64::from(self.u32()) << 32
-    }
-    /// An address: mostly inside RAM or at interesting edges.
-    fn addr(&mut self) -> u64 {
-        match self.u8() % 8 {
-            0 => self.u64(),
-            1 => u64::MAX - u64::from(self.u16()),
-            2 => (4 << 20) - 0x1000 * u64::from(self.u8() % 4), // end of region 0
-            3 => (6 << 20) + u64::from(self.u16()),             // hole
-            4 => (8 << 20) + 0x1000 * u64::from(self.u16() % 1024),
-            _ => DATA + 0x1000 * u64::from(self.u8()) + u64::from(self.u8() % 2) * 0x800,
-        }
-    }
-    fn len(&mut self) -> u32 {
-        match self.u8() % 6 {
-            0 => self.u32(),
-            1 => 0,
-            2 => 0x1000 * u32::from(self.u8() % 8 + 1),
-            3 => 0x20_0000,
-            _ => u32::from(self.u16() % 512),
-        }
-    }
 }
 
 /// The device under test, with the recording discarder and interrupt of the harness.
@@ -491,177 +458,4 @@ pub fn run(data: &[u8]) -> FuzzOutcome {
         h.step(&mut c);
     }
     h.finish()
-}
-
-/// A request shaped for `kind`, with fuzz-chosen (mostly valid) contents, its PFN array
-/// or stats buffer in page `slot` of the data area (fuzz-chosen when `None`).
-fn plausible_request(
-    c: &mut Cursor<'_>,
-    mem: &GuestMemoryMmap,
-    kind: Option<QueueKind>,
-    bitmap: bool,
-    slot: Option<u64>,
-) -> (Vec<DriverBuf>, Option<Promise>) {
-    let arr = DATA + 0x1000 * slot.unwrap_or_else(|| u64::from(c.u8() % 16));
-    match kind {
-        Some(QueueKind::Inflate | QueueKind::Deflate) => {
-            let k = u32::from(c.u8() % 16) + 1;
-            let pfns: Vec<u32> = (0..k)
-                .map(|_| match c.u8() % 5 {
-                    0 => c.u32(),
-                    1 => 0x800 + u32::from(c.u16() % 1024), // region 1
-                    2 if c.u8() < 128 => 0xbfc + u32::from(c.u8() % 8), // 1|2 edge
-                    3 => 0x110 + u32::from(c.u8() % 4),     // the bitmaps' page
-                    _ => 0x200 + u32::from(c.u16() % 512),  // region 0, above DATA
-                })
-                .collect();
-            let bytes: Vec<u8> = pfns.iter().flat_map(|p| p.to_le_bytes()).collect();
-            let _ = mem.write_slice(&bytes, GuestAddress(arr));
-            let mut bufs = vec![DriverBuf::read(arr, 4 * k)];
-            let mut promise = None;
-            if bitmap && kind == Some(QueueKind::Inflate) {
-                let at = DATA + 0x10_000 + 0x40 * u64::from(c.u8() % 64);
-                bufs.push(DriverBuf::write(at, k.div_ceil(8)));
-                promise = Some(Promise::Inflate {
-                    alt: pfns.clone(),
-                    pfns,
-                    arr,
-                    bitmap: at,
-                });
-            }
-            (bufs, promise)
-        }
-        Some(QueueKind::Stats) => {
-            let k = usize::from(c.u8() % 8);
-            let bytes: Vec<u8> = (0..k)
-                .flat_map(|_| {
-                    let tag = u16::from(c.u8() % 20).to_le_bytes();
-                    tag.into_iter().chain(c.u64().to_le_bytes())
-                })
-                .collect();
-            let _ = mem.write_slice(&bytes, GuestAddress(arr));
-            (vec![DriverBuf::read(arr, bytes.len() as u32)], None)
-        }
-        _ => {
-            let bufs: Vec<DriverBuf> = (0..c.u8() % 4 + 1)
-                .map(|_| {
-                    let at = REGIONS[1].0 + 0x1000 * u64::from(c.u16() % 1024);
-                    DriverBuf::write(at, 0x1000 * (u32::from(c.u8() % 16) + 1))
-                })
-                .collect();
-            let blocks: Vec<(u64, u64)> = bufs.iter().map(|b| (b.addr, u64::from(b.len))).collect();
-            let total = blocks.iter().map(|b| b.1 as u32).sum();
-            (bufs, Some(Promise::Report { blocks, total }))
-        }
-    }
-}
-
-/// The prefaults of one deflate request are merged runs: no page twice, and no two runs
-/// that touch inside one region (a deflate of `n` PFNs is at most `n` calls, fewer when
-/// they are contiguous or repeated).
-fn check_one_request_prefaults(calls: &[(GuestAddress, u64)]) {
-    let mut runs: Vec<(u64, u64)> = calls.iter().map(|(g, l)| (g.0, g.0 + l)).collect();
-    runs.sort_unstable();
-    for w in runs.windows(2) {
-        let ((_, end), (next, _)) = (w[0], w[1]);
-        let region_start = REGIONS.iter().any(|r| r.0 == next);
-        assert!(
-            end < next || (end == next && region_start),
-            "deflate prefaults not merged: {runs:x?}"
-        );
-    }
-}
-
-/// Whether the chain from `head` in the descriptor table at `table` holds a descriptor
-/// flagged `VIRTQ_DESC_F_INDIRECT` (within the 64 descriptors a chain may have).
-fn chain_has_indirect(mem: &GuestMemoryMmap, table: GuestAddress, head: u16) -> bool {
-    let mut i = head;
-    for _ in 0..crate::spec::limits::MAX_CHAIN_DESCRIPTORS {
-        let at = table.0 + 16 * u64::from(i);
-        let flags: u16 = mem.read_obj(GuestAddress(at + 12)).unwrap_or(0);
-        if flags & DESC_F_INDIRECT != 0 {
-            return true;
-        }
-        i = mem.read_obj(GuestAddress(at + 14)).unwrap_or(u16::MAX);
-        if flags & DESC_F_NEXT == 0 || i >= QUEUE_SIZE {
-            return false;
-        }
-    }
-    false
-}
-
-/// Negotiates `acked` and activates fresh queues; returns the driver side.
-fn activate(
-    dev: &mut BalloonDevice<RecordingDiscarder, Arc<RecordingInterrupt>>,
-    mem: &GuestMemoryMmap,
-    acked: FeatureSet,
-) -> (Vec<DriverQueue>, bool) {
-    let Ok(neg) = dev.ack_features(acked) else {
-        return (Vec::new(), false);
-    };
-    let queues: Vec<DriverQueue> = (0..neg.layout().len())
-        .map(|i| DriverQueue::new(mem, GuestAddress(0x1000 * i as u64), QUEUE_SIZE).expect("rings"))
-        .collect();
-    let ok = dev
-        .activate(queues.iter().map(DriverQueue::device_queue).collect())
-        .is_ok();
-    (queues, ok)
-}
-
-/// Every discard lies inside one region of guest RAM and respects its page size.
-fn check_discards(mem: &GuestMemoryMmap, d: &RecordingDiscarder) {
-    for call in &d.calls {
-        let ps = call.backing.page_size() as u64;
-        assert!(
-            call.len > 0 && call.gpa.0 % ps == 0 && call.len % ps == 0,
-            "{call:?}"
-        );
-        let region = mem.find_region(call.gpa).expect("discard inside guest RAM");
-        assert!(
-            call.gpa.0 + call.len <= region.start_addr().0 + region.len(),
-            "{call:?}"
-        );
-    }
-}
-
-/// After whatever happened, a reset device serves a well-formed report / inflate.
-fn check_still_serves(
-    dev: &mut BalloonDevice<RecordingDiscarder, Arc<RecordingInterrupt>>,
-    mem: &GuestMemoryMmap,
-    acked: FeatureSet,
-) {
-    dev.reset();
-    let (mut queues, ok) = activate(dev, mem, acked);
-    assert!(ok, "device refused to activate after reset");
-    let layout = dev.layout().expect("negotiated");
-    let (kind, bufs) = match layout.index(QueueKind::Reporting) {
-        Some(_) => (QueueKind::Reporting, vec![DriverBuf::write(DATA, 0x1000)]),
-        None => {
-            mem.write_obj(0x200u32, GuestAddress(DATA)).expect("pfn");
-            let mut bufs = vec![DriverBuf::read(DATA, 4)];
-            if dev.negotiated().is_some_and(|n| n.inflate_bitmap()) {
-                bufs.push(DriverBuf::write(DATA + 0x100, 1));
-            }
-            (QueueKind::Inflate, bufs)
-        }
-    };
-    let index = layout.index(kind).expect("queue");
-    let head = queues[usize::from(index)]
-        .add_chain(mem, &bufs)
-        .expect("add");
-    let held_before = dev.held_requests();
-    let r = dev
-        .process_queue_at(mem, index, Instant::now())
-        .expect("served");
-    assert_eq!(r.malformed, 0, "{kind:?} rejected a well-formed request");
-    let _ = dev.tick(mem, deadline_after(Instant::now(), Duration::MAX));
-    let used = queues[usize::from(index)]
-        .take_used(mem)
-        .expect("used ring");
-    assert_eq!(
-        used.len(),
-        1,
-        "request not completed (held before: {held_before})"
-    );
-    assert_eq!(used[0].0, u32::from(head));
 }

@@ -15,13 +15,6 @@ use zeronce_balloon::spec::limits::MAX_HELD_BYTES;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MalformedKind, QueueKind};
 use Feature::*;
 
-const ALL: [Feature; 4] = [
-    StatsVq,
-    PageReporting,
-    DeviceInitReported,
-    DeviceInitOnInflate,
-];
-
 fn held(delay: Duration) -> BalloonOptions {
     BalloonOptions {
         policy: DiscardPolicy::Hold(delay),

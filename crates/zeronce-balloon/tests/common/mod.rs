@@ -2,6 +2,8 @@
 //! vm-memory guest memory.
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,6 +17,14 @@ use zeronce_balloon::{
 /// Where test data buffers start (queues live below).
 pub const DATA: u64 = 0x10_0000;
 pub const MIB: u64 = 1 << 20;
+
+/// Every feature a guest may ack besides VERSION_1 (the hostile tests negotiate them all).
+pub const ALL: [Feature; 4] = [
+    Feature::StatsVq,
+    Feature::PageReporting,
+    Feature::DeviceInitReported,
+    Feature::DeviceInitOnInflate,
+];
 
 /// Guest RAM: [0, 4 MiB) and [8 MiB, 12 MiB), a hole between.
 pub fn mem_with_hole() -> GuestMemoryMmap {

@@ -13,6 +13,7 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MmapDiscarder, QueueKind};
 use zeronce_mem::resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss};
+use zeronce_types::sync::lock;
 use Feature::*;
 
 static RSS_LOCK: Mutex<()> = Mutex::new(());
@@ -71,7 +72,7 @@ fn report_blocks(rig: &mut Rig<'_, MmapDiscarder>, base: u64, n: u64) -> Vec<u32
 
 #[test]
 fn anonymous_memory_report_with_bit6_returns_rss_and_reads_zero() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 * MIB as usize)]).unwrap();
     let mut rig = reporting_rig(&mem);
     let (base, n) = (16 * MIB, 16);
@@ -114,7 +115,7 @@ fn memfd_mem(len: u64) -> (GuestMemoryMmap, File) {
 
 #[test]
 fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let (mem, file) = memfd_mem(32 * MIB);
     let mut rig = reporting_rig(&mem);
     let (base, n) = (16 * MIB, 8);
@@ -160,7 +161,7 @@ fn memfd_report_punches_holes_blocks_drop_and_reads_zero() {
 
 #[test]
 fn inflate_with_bit7_on_anonymous_memory_sets_every_bit_and_zeroes() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 * MIB as usize)]).unwrap();
     let mut rig = inflate_rig(&mem);
     rig.fill(4 * MIB, 4 * MIB as usize, 0x11);
@@ -181,7 +182,7 @@ fn inflate_with_bit7_on_anonymous_memory_sets_every_bit_and_zeroes() {
 
 #[test]
 fn lazy_policy_on_anonymous_memory_never_promises() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 * MIB as usize)]).unwrap();
     let opts = BalloonOptions {
         policy: DiscardPolicy::Lazy,
@@ -202,7 +203,7 @@ fn lazy_policy_on_anonymous_memory_never_promises() {
 #[test]
 #[ignore = "needs reserved 2 MiB huge pages; .ci/run reserves them and runs it"]
 fn hugetlb_memfd_report_frees_huge_pages() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let huge = 2 * MIB as usize;
     let pool = HugetlbPoolCounters::read(huge);
     assert!(
@@ -231,7 +232,7 @@ fn hugetlb_memfd_report_frees_huge_pages() {
 
 #[test]
 fn memfd_inflate_punches_holes_and_hugetlb_override_refuses_small_reports() {
-    let _g = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = lock(&RSS_LOCK);
     let (mem, file) = memfd_mem(16 * MIB);
     let fs = [DeviceInitOnInflate];
     let mut rig = Rig::new(

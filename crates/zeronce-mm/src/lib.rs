@@ -67,10 +67,12 @@ mod manager;
 mod pcp;
 pub mod reporting;
 mod stats;
-pub mod sync;
 mod types;
 mod zeroing;
 mod zone;
+
+/// Poison-tolerant locking, defined in `zeronce-types` for every crate.
+pub use zeronce_types::sync;
 
 pub use error::{
     AllocError, ConfigError, FreeError, InvariantViolation, MarkError, OrderError, PutBackError,

@@ -113,7 +113,7 @@ struct ModelDevice {
 
 impl ModelDevice {
     fn call(&mut self, blocks: &[PageRange], verdicts: &mut [Verdict]) -> Result<(), ReportError> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = zeronce_mm::sync::lock(&self.seen);
         seen.calls += 1;
         if seen.calls > RUNAWAY_CALLS {
             // Stop a pass that never ends (the check reports it).
@@ -248,7 +248,7 @@ impl World {
         let r = catch_unwind(AssertUnwindSafe(|| {
             engine.pass(mm, &mut dev, Instant::now(), kind.pass())
         }));
-        let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = zeronce_mm::sync::lock(&seen);
         if seen.calls > RUNAWAY_CALLS {
             return Err(format!("{kind:?} pass answered {answer:?} never ends"));
         }

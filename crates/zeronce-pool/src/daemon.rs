@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use zeronce_mem::{HugePageSize, ZeroKernel};
 use zeronce_mm::hugepool::{Clock, Notifier, ZeroableEvent};
+use zeronce_mm::sync::{self, lock};
 use zeronce_mm::ZoneId;
 
 use crate::files::{FilesError, PoolFiles};
@@ -146,7 +147,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         // Every state change is one call on the pure state, consistent between calls.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     pub(crate) fn stopping(&self) -> bool {
@@ -161,10 +162,7 @@ impl Shared {
             let text = persist::render(p.page_bytes(), p.file_bytes(), p.persisted());
             (p.generation(), text)
         };
-        let mut last = self
-            .persisted_generation
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.persisted_generation);
         if last.is_some_and(|g| g >= generation) {
             return Ok(());
         }
@@ -186,9 +184,7 @@ impl Shared {
     pub(crate) fn pace(&self, bytes: u64) -> Duration {
         self.pacer.as_ref().map_or(Duration::ZERO, |p| {
             let now = self.pacer_epoch.elapsed();
-            p.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .reserve(bytes, now)
+            lock(p).reserve(bytes, now)
         })
     }
 
@@ -224,13 +220,10 @@ impl Shared {
             let Inner { pool, notifier } = &mut *inner;
             let next = notifier.poll(|_| pool.zeroable());
             inner = match next {
-                None => self.timer.wait(inner).unwrap_or_else(|e| e.into_inner()),
+                None => sync::wait(&self.timer, inner),
                 Some(due) => {
                     let wait = due.saturating_sub(inner.notifier.now());
-                    self.timer
-                        .wait_timeout(inner, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    sync::wait_timeout(&self.timer, inner, wait)
                 }
             };
         }
@@ -282,7 +275,7 @@ impl Pool {
         let notifier = Notifier::new(
             Box::new(move |event| {
                 tracing::debug!(?event, "zeroable pages appeared");
-                let mut subs = hook_subs.lock().unwrap_or_else(|e| e.into_inner());
+                let mut subs = lock(&hook_subs);
                 subs.retain(|s| s.send(event).is_ok());
             }),
             Arc::new(MonoClock(Instant::now())),
@@ -359,7 +352,7 @@ impl Pool {
                     break (file, Served::ZeroedInline);
                 }
                 Err(StateError::Exhausted { zeroing }) if wait && zeroing > 0 => {
-                    inner = s.changed.wait(inner).unwrap_or_else(|e| e.into_inner());
+                    inner = sync::wait(&s.changed, inner);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -507,11 +500,7 @@ impl Pool {
     /// Events from now on (rate-limited; see [`zeronce_mm::hugepool::events`]).
     pub fn subscribe(&self) -> Receiver<ZeroableEvent> {
         let (tx, rx) = mpsc::channel();
-        self.shared
-            .subscribers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tx);
+        lock(&self.shared.subscribers).push(tx);
         rx
     }
 
@@ -530,11 +519,7 @@ impl Pool {
             if now >= deadline {
                 return false;
             }
-            inner = s
-                .changed
-                .wait_timeout(inner, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            inner = sync::wait_timeout(&s.changed, inner, deadline - now);
         }
     }
 
@@ -552,7 +537,7 @@ impl Pool {
             self.shared.changed.notify_all();
             self.shared.timer.notify_all();
         }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             let _ = t.join();
         }

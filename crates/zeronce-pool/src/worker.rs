@@ -66,10 +66,7 @@ pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
                 if let Some(job) = inner.pool.next_job(u64::MAX) {
                     break job;
                 }
-                inner = shared
-                    .changed
-                    .wait(inner)
-                    .unwrap_or_else(|e| e.into_inner());
+                inner = zeronce_mm::sync::wait(&shared.changed, inner);
             }
         };
         let file = job.file;

@@ -23,6 +23,7 @@ use vmm_sys_util::event::{
 use zeronce_balloon::{
     BalloonDevice, BalloonError, BalloonOptions, FeatureSet, InterruptSignal, MmapDiscarder,
 };
+use zeronce_types::sync::lock;
 
 use crate::relay::BackendChannelSlot;
 use crate::wire;
@@ -52,7 +53,7 @@ struct Irq {
 
 impl InterruptSignal for Irq {
     fn signal_used_queue(&self, queue_index: u16) {
-        let vrings = self.vrings.lock().unwrap_or_else(|p| p.into_inner());
+        let vrings = lock(&self.vrings);
         if let Some(v) = vrings.get(usize::from(queue_index)) {
             if let Err(e) = v.signal_used_queue() {
                 tracing::warn!(queue_index, error = %e, "cannot signal the front-end");
@@ -61,7 +62,7 @@ impl InterruptSignal for Irq {
     }
 
     fn signal_config_change(&self) {
-        let mut slot = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.channel);
         let Some(sock) = slot.as_mut() else {
             tracing::debug!(
                 "no back-end request channel: the guest sees the target at its next config read"
@@ -147,7 +148,7 @@ impl BalloonBackend {
     /// Locks the device.
     pub fn lock(&self) -> DeviceGuard<'_> {
         DeviceGuard {
-            state: self.inner.state.lock().unwrap_or_else(|p| p.into_inner()),
+            state: lock(&self.inner.state),
         }
     }
 
@@ -175,12 +176,7 @@ impl BalloonBackend {
             ));
         }
         st.dev.activate(queues).map_err(|e| e.to_string())?;
-        *self
-            .inner
-            .irq
-            .vrings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = vrings.to_vec();
+        *lock(&self.inner.irq.vrings) = vrings.to_vec();
         tracing::info!(?neg, "balloon device active");
         Ok(())
     }
@@ -275,12 +271,7 @@ impl VhostUserBackend for BalloonBackend {
         let index = u16::try_from(queue_index).unwrap_or(u16::MAX);
         let next_avail = g.state.dev.queue(index).map(QueueT::next_avail);
         if let Some(next_avail) = next_avail {
-            let vrings = self
-                .inner
-                .irq
-                .vrings
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let vrings = lock(&self.inner.irq.vrings);
             if let Some(v) = vrings.get(usize::from(index)) {
                 v.set_queue_next_avail(next_avail);
             }

@@ -23,6 +23,7 @@ use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
+use zeronce_types::sync::lock;
 
 use crate::wire::{self, Header, Normalized, HEADER_SIZE, MAX_REGIONS};
 
@@ -167,7 +168,7 @@ fn forward(from: &UnixStream, to: &UnixStream, slot: &BackendChannelSlot) -> io:
             if let Some(fd) = m.fds.first() {
                 let own = UnixStream::from(fd.try_clone()?);
                 own.set_write_timeout(Some(std::time::Duration::from_secs(1)))?;
-                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(own);
+                *lock(slot) = Some(own);
             }
         }
         send_message(to, &m.header, &m.payload, &m.fds)?;

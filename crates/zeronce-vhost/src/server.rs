@@ -15,6 +15,7 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use zeronce_balloon::BalloonOptions;
+use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
 use crate::control;
@@ -87,21 +88,11 @@ impl Hub {
     /// Stops the daemon: no new connections, the current one is closed.
     pub fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for l in self
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
+        for l in lock(&self.listeners).iter() {
             // Wakes a blocked accept() (Linux returns EINVAL to it).
             let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
         }
-        if let Some(s) = self
-            .current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some(s) = lock(&self.current).as_ref() {
             let _ = s.frontend.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -137,18 +128,11 @@ impl Hub {
 
     /// The back-end of the connected front-end, if any.
     pub fn backend(&self) -> Option<BalloonBackend> {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|s| s.backend.clone())
+        lock(&self.current).as_ref().map(|s| s.backend.clone())
     }
 
     fn listen(&self, l: &UnixListener) -> io::Result<()> {
-        self.listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(l.try_clone()?);
+        lock(&self.listeners).push(l.try_clone()?);
         Ok(())
     }
 }
@@ -280,7 +264,7 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (mut inner_listener, inner) = private_connection()?;
     let relay = Relay::start(frontend.try_clone()?, inner, slot)?;
-    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Session { backend, frontend });
+    *lock(&hub.current) = Some(Session { backend, frontend });
     if hub.stopping() {
         relay.shutdown();
     }
@@ -297,7 +281,7 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
     }
     relay.shutdown();
     relay.join();
-    *hub.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    *lock(&hub.current) = None;
     result
 }
 

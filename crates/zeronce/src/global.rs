@@ -36,6 +36,7 @@ use std::time::Duration;
 use zeronce_mem::global::{Grant, LargeAlloc, SplitAlloc};
 use zeronce_mem::BackingKind;
 use zeronce_mm::reporting::ReportingConfig;
+use zeronce_mm::sync::lock;
 use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 
 use crate::process::is_internal_thread;
@@ -198,10 +199,6 @@ fn order_for(pages: u64) -> Option<Order> {
     Order::new(u8::try_from(order).ok()?)
         .ok()
         .filter(|o| o.get() <= MAX_ORDER)
-}
-
-fn lock(live: &Mutex<BTreeMap<usize, Live>>) -> std::sync::MutexGuard<'_, BTreeMap<usize, Live>> {
-    live.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl LargeAlloc for ProcessBackend {

@@ -221,7 +221,7 @@ impl ReportingEngine {
     /// reporting resumes instead of waiting for a wake that never comes.
     pub fn retry_at(&self, hooks: &impl ReportingHooks, at: Instant) {
         self.state.set_requested();
-        let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = lock(&self.schedule);
         s.due = Some(at);
         s.allocs_mark = hooks.reportable_allocs();
     }

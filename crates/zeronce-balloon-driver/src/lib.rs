@@ -12,7 +12,7 @@
 //! descriptors) on the reporting queue, kicks the device and waits for the used ring
 //! (woken by [`UsedSignal`], bounded by [`DriverOptions::timeout`]). Per block: with
 //! `DEVICE_INIT_REPORTED` negotiated, `used_len` equal to the buffer length means
-//! [`Verdict::Zeroed`], anything else [`Verdict::NotZeroed`]; without it `used_len` is
+//! [`ZeroGuarantee::Zeroed`], anything else [`ZeroGuarantee::NotZeroed`]; without it `used_len` is
 //! ignored. A timeout, a used id that is not in flight or a `used_len` beyond its buffer
 //! fails the call (the engine puts every block back unreported), resets the device so it
 //! can no longer touch those blocks, and leaves the driver [`DriverError::Broken`].
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
-use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
+use zeronce_mm::reporting::{ReportError, ReportingDevice, ZeroGuarantee};
 use zeronce_mm::{PageRange, PAGE_SIZE};
 
 pub use inprocess::InProcessTransport;
@@ -289,7 +289,7 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
     fn report_blocks(
         &mut self,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), DriverError> {
         if self.broken.is_some() {
             return Err(DriverError::Broken);
@@ -326,9 +326,9 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
                     return Err(DriverError::UsedLenTooLong { id, len, buf_len });
                 }
                 verdicts[block] = if bit6 && len == buf_len {
-                    Verdict::Zeroed
+                    ZeroGuarantee::Zeroed
                 } else {
-                    Verdict::NotZeroed
+                    ZeroGuarantee::NotZeroed
                 };
                 used += 1;
             }
@@ -349,7 +349,10 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
             }
         }
         self.stats.reports += 1;
-        let zeroed = verdicts.iter().filter(|v| **v == Verdict::Zeroed).count() as u64;
+        let zeroed = verdicts
+            .iter()
+            .filter(|v| **v == ZeroGuarantee::Zeroed)
+            .count() as u64;
         self.stats.zeroed += zeroed;
         self.stats.not_zeroed += blocks.len() as u64 - zeroed;
         Ok(())
@@ -379,7 +382,7 @@ impl<M: GuestMemory + Send, T: Transport> ReportingDevice for BalloonDriver<M, T
         &mut self,
         _now: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         self.report_blocks(blocks, verdicts).map_err(|e| {
             self.fail(&e);

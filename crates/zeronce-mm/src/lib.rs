@@ -79,7 +79,7 @@ pub use error::{
 };
 pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, PutBack, ReportNotifier,
-    ReportedNotZero, Verdict, Zeroing,
+    ReportedNotZero, ZeroGuarantee, Zeroing,
 };
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
 pub use stats::{FreeCounts, Stats, ZoneInfo};

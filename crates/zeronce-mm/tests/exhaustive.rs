@@ -27,7 +27,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zeronce_mm::reporting::{
-    BudgetPolicy, PassKind, ReportError, ReportingConfig, ReportingDevice, ReportingEngine, Verdict,
+    BudgetPolicy, PassKind, ReportError, ReportingConfig, ReportingDevice, ReportingEngine,
+    ZeroGuarantee,
 };
 use zeronce_mm::{
     AllocRequest, Block, FreeHint, FreeState, MemoryManager, MmConfig, Order, PageRange, Pfn,
@@ -112,7 +113,11 @@ struct ModelDevice {
 }
 
 impl ModelDevice {
-    fn call(&mut self, blocks: &[PageRange], verdicts: &mut [Verdict]) -> Result<(), ReportError> {
+    fn call(
+        &mut self,
+        blocks: &[PageRange],
+        verdicts: &mut [ZeroGuarantee],
+    ) -> Result<(), ReportError> {
         let mut seen = zeronce_mm::sync::lock(&self.seen);
         seen.calls += 1;
         if seen.calls > RUNAWAY_CALLS {
@@ -137,12 +142,12 @@ impl ModelDevice {
                         m.dirty[p as usize] = false;
                     }
                 }
-                verdicts.fill(Verdict::Zeroed);
+                verdicts.fill(ZeroGuarantee::Zeroed);
             }
-            Answer::NotZeroed => verdicts.fill(Verdict::NotZeroed),
+            Answer::NotZeroed => verdicts.fill(ZeroGuarantee::NotZeroed),
             Answer::Lie => {
                 seen.lies += blocks.iter().filter(|b| !self.mem.reads_zero(**b)).count();
-                verdicts.fill(Verdict::Zeroed);
+                verdicts.fill(ZeroGuarantee::Zeroed);
             }
             Answer::Error => return Err(ReportError::new("device error")),
             Answer::Panic => {
@@ -162,7 +167,7 @@ impl ReportingDevice for ModelDevice {
         &mut self,
         _: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         self.call(blocks, verdicts)
     }
@@ -170,7 +175,7 @@ impl ReportingDevice for ModelDevice {
         &mut self,
         _: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         self.call(blocks, verdicts)
     }

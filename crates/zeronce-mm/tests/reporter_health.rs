@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeronce_mm::reporting::{
-    BudgetPolicy, ReportError, Reporter, ReportingConfig, ReportingDevice, Verdict,
+    BudgetPolicy, ReportError, Reporter, ReportingConfig, ReportingDevice, ZeroGuarantee,
 };
 use zeronce_mm::{AllocRequest, FreeHint, PageRange};
 
@@ -16,7 +16,7 @@ use zeronce_mm::{AllocRequest, FreeHint, PageRange};
 struct Flaky {
     panics: usize,
     calls: Arc<AtomicUsize>,
-    verdict: Verdict,
+    verdict: ZeroGuarantee,
 }
 
 impl ReportingDevice for Flaky {
@@ -27,7 +27,7 @@ impl ReportingDevice for Flaky {
         &mut self,
         _: Instant,
         _: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if n < self.panics {
@@ -56,7 +56,7 @@ fn the_worker_survives_device_panics_and_says_so() {
     let dev = Flaky {
         panics: 2,
         calls: Arc::clone(&calls),
-        verdict: Verdict::NotZeroed,
+        verdict: ZeroGuarantee::NotZeroed,
     };
     let reporter = Reporter::start(Arc::clone(&mm), dev, config()).unwrap();
     // Wait (bounded, no timing claim) until the worker got past both panics.
@@ -94,7 +94,7 @@ fn every_caught_lie_is_in_the_report_and_the_health() {
     let dev = Flaky {
         panics: 0,
         calls: Arc::default(),
-        verdict: Verdict::Zeroed,
+        verdict: ZeroGuarantee::Zeroed,
     };
     let cfg = ReportingConfig {
         delay: Duration::from_secs(3600),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zeronce_mm::reporting::{
     BudgetPolicy, PassKind, ReportError, Reporter, ReportingConfig, ReportingDevice,
-    ReportingEngine, Verdict,
+    ReportingEngine, ZeroGuarantee,
 };
 use zeronce_mm::{AllocRequest, Block, FreeHint, MemoryManager, MmConfig, Order, PageRange, Pfn};
 
@@ -72,7 +72,7 @@ impl ReportingDevice for RandomDevice {
         &mut self,
         _: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         self.batches += 1;
         // Concurrent allocation while the batch is isolated.
@@ -91,9 +91,9 @@ impl ReportingDevice for RandomDevice {
                 Answer::Zeroed => {
                     self.mem.0.lock().unwrap().dirty[b.start.0 as usize..b.end().0 as usize]
                         .fill(false);
-                    Verdict::Zeroed
+                    ZeroGuarantee::Zeroed
                 }
-                _ => Verdict::NotZeroed,
+                _ => ZeroGuarantee::NotZeroed,
             };
         }
         Ok(())

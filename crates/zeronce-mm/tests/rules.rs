@@ -45,7 +45,7 @@ fn merge_of_reported_and_unreported_is_unreported() {
     let iso = mm.isolate_unreported(ZoneId(0), o(0), o(2), 8);
     assert_eq!(iso.len(), 1);
     assert_eq!(iso[0].block, blk(2, 1));
-    mm.put_back(iso[0].block, PutBack::Reported(Verdict::Zeroed))
+    mm.put_back(iso[0].block, PutBack::Reported(ZeroGuarantee::Zeroed))
         .unwrap();
     assert_eq!(state(&mm, 2), Some((blk(2, 1), FreeState::REPORTED_ZERO)));
     mm.free(a, FreeHint::KnownZero).unwrap();
@@ -58,7 +58,7 @@ fn merge_of_reported_and_unreported_is_unreported() {
 fn split_halves_inherit_state() {
     let (mm, _z) = manager(8, 3, false);
     let iso = mm.isolate_unreported(ZoneId(0), o(0), o(3), 1);
-    mm.put_back(iso[0].block, PutBack::Reported(Verdict::Zeroed))
+    mm.put_back(iso[0].block, PutBack::Reported(ZeroGuarantee::Zeroed))
         .unwrap();
     let a = mm.alloc(o(0), AllocRequest::ZEROED).unwrap();
     assert_eq!(a.zeroing, Zeroing::Skipped);
@@ -208,14 +208,14 @@ fn put_back_verdicts() {
         Err(AllocError::OutOfMemory(o(0)))
     );
     z.0.lock().unwrap().dirty[..4].fill(false);
-    mm.put_back(blk(0, 2), PutBack::Reported(Verdict::Zeroed))
+    mm.put_back(blk(0, 2), PutBack::Reported(ZeroGuarantee::Zeroed))
         .unwrap();
-    mm.put_back(blk(4, 2), PutBack::Reported(Verdict::NotZeroed))
+    mm.put_back(blk(4, 2), PutBack::Reported(ZeroGuarantee::NotZeroed))
         .unwrap();
     mm.put_back(blk(8, 2), PutBack::Failed).unwrap();
     // Verify: the host lies about [12,16).
     assert_eq!(
-        mm.put_back(blk(12, 2), PutBack::Reported(Verdict::Zeroed)),
+        mm.put_back(blk(12, 2), PutBack::Reported(ZeroGuarantee::Zeroed)),
         Err(PutBackError::VerifyFailed(blk(12, 2)))
     );
     assert_eq!(state(&mm, 0), Some((blk(0, 2), FreeState::REPORTED_ZERO)));
@@ -227,11 +227,11 @@ fn put_back_verdicts() {
     );
     // Not isolated any more.
     assert_eq!(
-        mm.put_back(blk(0, 2), PutBack::Reported(Verdict::Zeroed)),
+        mm.put_back(blk(0, 2), PutBack::Reported(ZeroGuarantee::Zeroed)),
         Err(PutBackError::NotIsolated(blk(0, 2)))
     );
     assert_eq!(
-        mm.put_back(blk(64, 2), PutBack::Reported(Verdict::Zeroed)),
+        mm.put_back(blk(64, 2), PutBack::Reported(ZeroGuarantee::Zeroed)),
         Err(PutBackError::NotOwned(Pfn(64)))
     );
     // Only the unreported block is isolated again.
@@ -250,7 +250,7 @@ fn not_zeroed_verdict_keeps_known_zero() {
     mm.free(a.block, FreeHint::KnownZero).unwrap();
     let iso = mm.isolate_unreported(ZoneId(0), o(0), o(2), 8);
     assert_eq!(iso[0].state, FreeState::ZERO);
-    mm.put_back(blk(0, 2), PutBack::Reported(Verdict::NotZeroed))
+    mm.put_back(blk(0, 2), PutBack::Reported(ZeroGuarantee::NotZeroed))
         .unwrap();
     assert_eq!(state(&mm, 0), Some((blk(0, 2), FreeState::REPORTED_ZERO)));
 }
@@ -479,7 +479,7 @@ fn concurrent_alloc_free_keeps_invariants() {
 fn settle_pass_isolates_reported_not_zero_blocks_only() {
     let (mm, z) = manager(16, 2, true);
     for b in mm.isolate_unreported(ZoneId(0), o(2), o(2), 2) {
-        mm.put_back(b.block, PutBack::Reported(Verdict::NotZeroed))
+        mm.put_back(b.block, PutBack::Reported(ZeroGuarantee::NotZeroed))
             .unwrap();
     }
     // Two reported-dirty blocks, two dirty ones.
@@ -488,7 +488,7 @@ fn settle_pass_isolates_reported_not_zero_blocks_only() {
     assert!(settle.iter().all(|b| b.state == FreeState::REPORTED_DIRTY));
     let (first, second) = (settle[0].block, settle[1].block);
     z.zero(first.range(), None);
-    mm.put_back(first, PutBack::Reported(Verdict::Zeroed))
+    mm.put_back(first, PutBack::Reported(ZeroGuarantee::Zeroed))
         .unwrap();
     mm.put_back(second, PutBack::Failed).unwrap();
     assert_eq!(

@@ -152,16 +152,15 @@ pub enum FreeHint {
     KnownZero,
 }
 
-/// The host's answer for one reported block: did it zero it? The same type as a discard's
-/// [`zeronce_types::ZeroGuarantee`], named for its role in the allocator, the reporting
-/// engine and the guest driver.
-pub use zeronce_types::ZeroGuarantee as Verdict;
+/// The host's answer for one reported block (did it zero it?): the same answer a discard
+/// gives, one type from the allocator through the reporting engine to the guest driver.
+pub use zeronce_types::ZeroGuarantee;
 
 /// How an isolated block goes back to its free list ([`MemoryManager::put_back`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutBack {
     /// The host took it: reported, known zero iff the verdict says so.
-    Reported(Verdict),
+    Reported(ZeroGuarantee),
     /// The report call failed: back in the state it was isolated in (unreported stays
     /// unreported), never lost.
     Failed,

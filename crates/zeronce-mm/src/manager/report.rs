@@ -1,7 +1,7 @@
 //! Reporting-engine primitives of [`MemoryManager`]: isolation, put-back with the host's
 //! verdict, zone snapshots, the reportable-free generation, host zero hints.
 
-use super::{lock, MemoryManager, PutBack, ReportNotifier, Verdict, ZoneSlot};
+use super::{lock, MemoryManager, PutBack, ReportNotifier, ZeroGuarantee, ZoneSlot};
 use crate::error::{MarkError, PutBackError};
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{FreeState, Order, PageRange, ZoneId};
@@ -114,15 +114,15 @@ impl MemoryManager {
             .isolated_state(block)
             .ok_or(PutBackError::NotIsolated(block))?;
         let new = match how {
-            PutBack::Reported(Verdict::Zeroed) => FreeState::REPORTED_ZERO,
-            PutBack::Reported(Verdict::NotZeroed) => FreeState {
+            PutBack::Reported(ZeroGuarantee::Zeroed) => FreeState::REPORTED_ZERO,
+            PutBack::Reported(ZeroGuarantee::NotZeroed) => FreeState {
                 known_zero: old.known_zero,
                 reported: true,
             },
             PutBack::Failed => old,
         };
         // The block is isolated: nobody else reads or writes it while we verify.
-        if how == PutBack::Reported(Verdict::Zeroed)
+        if how == PutBack::Reported(ZeroGuarantee::Zeroed)
             && self.config.verify
             && !self.zeroer.is_zero(block.range())
         {

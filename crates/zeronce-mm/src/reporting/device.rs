@@ -1,7 +1,7 @@
 //! What the engine talks to: the reporting device (the host side) and the allocator hooks.
 
 use crate::error::PutBackError;
-use crate::manager::{PutBack, Verdict};
+use crate::manager::{PutBack, ZeroGuarantee};
 use crate::types::{Block, Order, PageRange, ZoneId};
 use std::time::Instant;
 use thiserror::Error;
@@ -33,13 +33,13 @@ pub trait ReportingDevice: Send {
     fn capacity(&self) -> usize;
 
     /// Reports `blocks` (isolated: nobody can allocate them until this returns). On
-    /// success, `verdicts[i]` (pre-set to [`Verdict::NotZeroed`]) says what became of
+    /// success, `verdicts[i]` (pre-set to [`ZeroGuarantee::NotZeroed`]) says what became of
     /// `blocks[i]`. `now` is the engine's clock.
     fn report(
         &mut self,
         now: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError>;
 
     /// When the earliest *held* block (reported, not yet discarded) is due to be discarded;
@@ -50,13 +50,13 @@ pub trait ReportingDevice: Send {
 
     /// Settle pass: `blocks` are free blocks that are reported but not known zero, isolated
     /// again. A device with a hold time discards those whose hold is over and answers
-    /// [`Verdict::Zeroed`] for them. A block allocated during its hold never comes here
+    /// [`ZeroGuarantee::Zeroed`] for them. A block allocated during its hold never comes here
     /// (it was taken back, resident and not known zero, so a zero-request zeroes it).
     fn settle(
         &mut self,
         _now: Instant,
         _blocks: &[PageRange],
-        _verdicts: &mut [Verdict],
+        _verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         Ok(())
     }

@@ -6,7 +6,7 @@ use super::config::{ReportingConfig, ReportingConfigError};
 use super::device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 use super::state::{Phase, RequestState};
 use crate::error::PutBackError;
-use crate::manager::{PutBack, Verdict};
+use crate::manager::{PutBack, ZeroGuarantee};
 use crate::sync::lock;
 use crate::types::{Block, Order, PageRange, ZoneId};
 use std::sync::Mutex;
@@ -36,7 +36,7 @@ pub struct PassStats {
     pub blocks: u64,
     /// Pages the device took.
     pub pages: u64,
-    /// Pages the device answered [`Verdict::Zeroed`] for.
+    /// Pages the device answered [`ZeroGuarantee::Zeroed`] for.
     pub zeroed_pages: u64,
     /// Report calls that failed (their blocks went back unreported).
     pub errors: u64,
@@ -426,7 +426,7 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
     /// Reports the batch and drains it back (Linux `report` + `page_reporting_drain`).
     fn flush_batch(&mut self) -> Result<(), Stop> {
         let ranges: Vec<PageRange> = self.batch.iter().map(Block::range).collect();
-        let mut verdicts = vec![Verdict::NotZeroed; ranges.len()];
+        let mut verdicts = vec![ZeroGuarantee::NotZeroed; ranges.len()];
         let answer = match self.kind {
             PassKind::Settle => self.device.settle(self.now, &ranges, &mut verdicts),
             _ => self.device.report(self.now, &ranges, &mut verdicts),
@@ -440,7 +440,7 @@ impl<H: ReportingHooks, D: ReportingDevice> Pass<'_, H, D> {
             } else {
                 self.report.stats.blocks += 1;
                 self.report.stats.pages += block.order.pages();
-                if verdict == Verdict::Zeroed {
+                if verdict == ZeroGuarantee::Zeroed {
                     self.report.stats.zeroed_pages += block.order.pages();
                 }
                 PutBack::Reported(verdict)

@@ -19,7 +19,7 @@
 //!   order was allocated since the delay began (the request, or the end of the previous
 //!   pass): "since the last pass" alone would count the allocations that preceded a big
 //!   free and keep the budget for the first pass after it.
-//! - Devices with a hold time answer [`Verdict::NotZeroed`] at report time and get the
+//! - Devices with a hold time answer [`ZeroGuarantee::NotZeroed`] at report time and get the
 //!   blocks again in a *settle* pass once the hold is over (never a false "zero"; a block
 //!   allocated during its hold is simply gone from the free lists).
 //! - Time is a parameter of every engine call ([`std::time::Instant`]); only [`Reporter`]
@@ -35,7 +35,7 @@ mod worker;
 #[cfg(test)]
 mod tests;
 
-pub use crate::manager::{PutBack, Verdict};
+pub use crate::manager::{PutBack, ZeroGuarantee};
 pub use config::{
     BudgetPolicy, ReportingConfig, ReportingConfigError, BUDGET_DIVISOR, DEFAULT_CAPACITY,
     DEFAULT_DELAY,

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 /// A device answering from a script (then `default`), recording every call.
 struct Scripted {
-    script: VecDeque<Result<Verdict, ()>>,
-    default: Verdict,
+    script: VecDeque<Result<ZeroGuarantee, ()>>,
+    default: ZeroGuarantee,
     cap: usize,
     calls: Vec<Vec<PageRange>>,
 }
 
 impl Scripted {
-    fn new(default: Verdict) -> Self {
+    fn new(default: ZeroGuarantee) -> Self {
         Scripted {
             script: VecDeque::new(),
             default,
@@ -37,7 +37,7 @@ impl ReportingDevice for Scripted {
         &mut self,
         _now: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         self.calls.push(blocks.to_vec());
         match self.script.pop_front() {
@@ -77,7 +77,7 @@ fn cfg(capacity: usize, budget: BudgetPolicy) -> ReportingConfig {
 fn setup(
     capacity: usize,
     budget: BudgetPolicy,
-    verdict: Verdict,
+    verdict: ZeroGuarantee,
 ) -> (MemoryManager, Scripted, ReportingEngine) {
     let dev = Scripted::new(verdict);
     let e = ReportingEngine::new(cfg(capacity, budget), dev.capacity()).unwrap();
@@ -100,7 +100,7 @@ fn free_pages_in(m: &MemoryManager, state: FreeState) -> u64 {
 
 #[test]
 fn flush_reports_everything_and_zeroed_verdicts_make_known_zero() {
-    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::Zeroed);
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, ZeroGuarantee::Zeroed);
     let r = flush(&e, &m, &mut dev, u64::MAX);
     assert!(r.error.is_none());
     assert_eq!(r.stats.pages, 1024);
@@ -114,7 +114,7 @@ fn flush_reports_everything_and_zeroed_verdicts_make_known_zero() {
 
 #[test]
 fn flush_stops_at_its_page_limit_in_whole_blocks() {
-    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::NotZeroed);
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, ZeroGuarantee::NotZeroed);
     let r = flush(&e, &m, &mut dev, 40);
     assert_eq!(r.stats.pages, 48, "40 pages round up to 3 blocks of 16");
     assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 48);
@@ -123,7 +123,7 @@ fn flush_stops_at_its_page_limit_in_whole_blocks() {
 
 #[test]
 fn an_error_puts_the_batch_back_unreported_and_stops_the_pass() {
-    let (m, mut dev, e) = setup(8, BudgetPolicy::Unlimited, Verdict::Zeroed);
+    let (m, mut dev, e) = setup(8, BudgetPolicy::Unlimited, ZeroGuarantee::Zeroed);
     dev.script.push_back(Err(()));
     let r = flush(&e, &m, &mut dev, u64::MAX);
     assert!(r.error.is_some());
@@ -151,7 +151,7 @@ fn blocks_being_reported_cannot_be_allocated() {
             &mut self,
             _: Instant,
             blocks: &[PageRange],
-            v: &mut [Verdict],
+            v: &mut [ZeroGuarantee],
         ) -> Result<(), ReportError> {
             // Allocate everything still allocatable while the batch is out.
             while let Ok(a) = self.mm.alloc(Order::new(2).unwrap(), AllocRequest::DIRTY) {
@@ -160,7 +160,7 @@ fn blocks_being_reported_cannot_be_allocated() {
                     .filter(|b| b.overlaps(&a.block.range()))
                     .count();
             }
-            v.fill(Verdict::Zeroed);
+            v.fill(ZeroGuarantee::Zeroed);
             Ok(())
         }
     }
@@ -182,7 +182,7 @@ fn blocks_being_reported_cannot_be_allocated() {
 #[test]
 fn scheduled_pass_waits_for_the_delay_and_keeps_the_linux_budget() {
     // capacity 2: budget = ceil(64 / (2 * 16)) + 1 = 3 calls = 6 blocks per pass.
-    let (m, mut dev, e) = setup(2, BudgetPolicy::Linux, Verdict::Zeroed);
+    let (m, mut dev, e) = setup(2, BudgetPolicy::Linux, ZeroGuarantee::Zeroed);
     let t0 = Instant::now();
     assert!(
         !e.notify_free(Order::new(1).unwrap()),
@@ -233,7 +233,7 @@ fn scheduled_pass_waits_for_the_delay_and_keeps_the_linux_budget() {
 #[test]
 fn adaptive_budget_lifts_only_when_nothing_reportable_was_allocated() {
     let run = |churn: bool| {
-        let (m, mut dev, e) = setup(2, BudgetPolicy::Adaptive, Verdict::Zeroed);
+        let (m, mut dev, e) = setup(2, BudgetPolicy::Adaptive, ZeroGuarantee::Zeroed);
         let t0 = Instant::now();
         assert!(e.notify_free(Order::new(4).unwrap()));
         e.arm(&m, t0);
@@ -256,7 +256,7 @@ fn adaptive_budget_lifts_only_when_nothing_reportable_was_allocated() {
 fn a_zone_under_its_watermark_plus_one_batch_is_skipped() {
     // 1024 free pages: gated when low watermark + 2 blocks of order 2 (8 pages) > 1024.
     let m = mm(1024 - 8 + 1);
-    let mut dev = Scripted::new(Verdict::Zeroed);
+    let mut dev = Scripted::new(ZeroGuarantee::Zeroed);
     let e = ReportingEngine::new(cfg(2, BudgetPolicy::Unlimited), dev.capacity()).unwrap();
     let r = flush(&e, &m, &mut dev, u64::MAX);
     assert_eq!((r.stats.gated_zones, r.stats.calls), (1, 0));
@@ -278,7 +278,7 @@ fn a_free_during_a_pass_reschedules_it() {
             &mut self,
             _: Instant,
             _: &[PageRange],
-            _: &mut [Verdict],
+            _: &mut [ZeroGuarantee],
         ) -> Result<(), ReportError> {
             assert!(
                 !self.e.notify_free(Order::new(3).unwrap()),
@@ -303,7 +303,7 @@ fn a_free_during_a_pass_reschedules_it() {
 #[test]
 fn allocation_takes_resident_blocks_before_reported_ones() {
     // Report half the memory (known zero), keep the other half resident and dirty.
-    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, Verdict::Zeroed);
+    let (m, mut dev, e) = setup(32, BudgetPolicy::Linux, ZeroGuarantee::Zeroed);
     let r = flush(&e, &m, &mut dev, 512);
     assert_eq!(r.stats.pages, 512);
     let o2 = Order::new(2).unwrap();
@@ -333,7 +333,7 @@ fn a_reporter_refuses_an_order_it_could_never_report() {
         order: Order::new(5).unwrap(),
         ..cfg(32, BudgetPolicy::Linux)
     };
-    let err = Reporter::start(m, Scripted::new(Verdict::Zeroed), c).err();
+    let err = Reporter::start(m, Scripted::new(ZeroGuarantee::Zeroed), c).err();
     assert!(matches!(
         err,
         Some(ReportingConfigError::OrderAboveMax { .. })
@@ -348,7 +348,7 @@ fn a_delay_too_long_for_the_clock_never_runs_and_never_panics() {
         delay: Duration::MAX,
         ..cfg(32, BudgetPolicy::Linux)
     };
-    let mut dev = Scripted::new(Verdict::Zeroed);
+    let mut dev = Scripted::new(ZeroGuarantee::Zeroed);
     let e = ReportingEngine::new(c, dev.capacity()).unwrap();
     let t0 = Instant::now();
     assert!(e.notify_free(Order::new(4).unwrap()));
@@ -371,7 +371,7 @@ fn a_device_that_panics_mid_report_loses_no_block() {
             &mut self,
             _: Instant,
             _: &[PageRange],
-            _: &mut [Verdict],
+            _: &mut [ZeroGuarantee],
         ) -> Result<(), ReportError> {
             panic!("device bug");
         }
@@ -405,7 +405,7 @@ fn a_settle_pass_offers_each_held_block_once_and_ends() {
             &mut self,
             _: Instant,
             _: &[PageRange],
-            _: &mut [Verdict],
+            _: &mut [ZeroGuarantee],
         ) -> Result<(), ReportError> {
             Ok(())
         }
@@ -413,7 +413,7 @@ fn a_settle_pass_offers_each_held_block_once_and_ends() {
             &mut self,
             _: Instant,
             blocks: &[PageRange],
-            _: &mut [Verdict],
+            _: &mut [ZeroGuarantee],
         ) -> Result<(), ReportError> {
             self.offered.extend_from_slice(blocks);
             assert!(self.offered.len() <= 1024, "the settle pass does not end");

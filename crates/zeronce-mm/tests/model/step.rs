@@ -308,14 +308,14 @@ impl World {
                     return Err(fail("not isolated"));
                 };
                 let verdict = [
-                    PutBack::Reported(Verdict::Zeroed),
-                    PutBack::Reported(Verdict::NotZeroed),
+                    PutBack::Reported(ZeroGuarantee::Zeroed),
+                    PutBack::Reported(ZeroGuarantee::NotZeroed),
                     PutBack::Failed,
                 ][verdict as usize];
-                let lie = verdict == PutBack::Reported(Verdict::Zeroed)
+                let lie = verdict == PutBack::Reported(ZeroGuarantee::Zeroed)
                     && !honest
                     && !self.mem.reads_zero(b.range());
-                if verdict == PutBack::Reported(Verdict::Zeroed) && honest {
+                if verdict == PutBack::Reported(ZeroGuarantee::Zeroed) && honest {
                     // The host discarded the backing: the pages read zero now.
                     self.mem.zero(b.range(), None);
                     self.mem.take_log();
@@ -326,8 +326,8 @@ impl World {
                         prop_assert_eq!(res, Err(PutBackError::VerifyFailed(b)));
                         FreeState::REPORTED_DIRTY
                     }
-                    PutBack::Reported(Verdict::Zeroed) => FreeState::REPORTED_ZERO,
-                    PutBack::Reported(Verdict::NotZeroed) => FreeState {
+                    PutBack::Reported(ZeroGuarantee::Zeroed) => FreeState::REPORTED_ZERO,
+                    PutBack::Reported(ZeroGuarantee::NotZeroed) => FreeState {
                         known_zero: old.known_zero,
                         reported: true,
                     },

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use zeronce_mem::clock::deadline_after;
 use zeronce_mem::{DiscardOp, SharedRam};
-use zeronce_mm::reporting::{ReportError, ReportingDevice, Verdict};
+use zeronce_mm::reporting::{ReportError, ReportingDevice, ZeroGuarantee};
 use zeronce_mm::{PageRange, PAGE_SIZE};
 
 use crate::policy::{HostPolicy, PolicyError};
@@ -76,7 +76,7 @@ impl ProcessDevice {
     }
 
     /// Discards one block; its verdict.
-    fn discard(&mut self, block: &PageRange) -> Result<Verdict, ReportError> {
+    fn discard(&mut self, block: &PageRange) -> Result<ZeroGuarantee, ReportError> {
         let offset = (block.start.0 * PAGE_SIZE) as usize;
         let len = block.bytes() as usize;
         // The block is isolated by the engine: no allocation holds a claim on it, and once
@@ -90,9 +90,9 @@ impl ProcessDevice {
                 self.stats.discarded_bytes += len as u64;
                 if g.is_zeroed() && self.zero_hints {
                     self.stats.zeroed_bytes += len as u64;
-                    Ok(Verdict::Zeroed)
+                    Ok(ZeroGuarantee::Zeroed)
                 } else {
-                    Ok(Verdict::NotZeroed)
+                    Ok(ZeroGuarantee::NotZeroed)
                 }
             }
             Err(e) => {
@@ -133,7 +133,7 @@ impl ReportingDevice for ProcessDevice {
         &mut self,
         now: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             *verdict = match self.policy {
@@ -146,7 +146,7 @@ impl ReportingDevice for ProcessDevice {
                     self.held
                         .insert(block.start.0, (block.pages, deadline_after(now, hold)));
                     self.stats.held_bytes += block.bytes();
-                    Verdict::NotZeroed
+                    ZeroGuarantee::NotZeroed
                 }
             };
         }
@@ -161,7 +161,7 @@ impl ReportingDevice for ProcessDevice {
         &mut self,
         now: Instant,
         blocks: &[PageRange],
-        verdicts: &mut [Verdict],
+        verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             let records = self.unhold(block);
@@ -234,28 +234,28 @@ mod tests {
     fn a_hold_answers_not_zero_until_it_is_over_and_only_whole_held_blocks_settle() {
         let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
-        let mut v = [Verdict::Zeroed; 2];
+        let mut v = [ZeroGuarantee::Zeroed; 2];
         d.report(t0, &[range(0, 512), range(512, 512)], &mut v)
             .unwrap();
-        assert_eq!(v, [Verdict::NotZeroed; 2]);
+        assert_eq!(v, [ZeroGuarantee::NotZeroed; 2]);
         assert_eq!(d.hold_expiry(), Some(t0 + Duration::from_secs(10)));
         assert_eq!(
             (d.stats().held_bytes, d.stats().discarded_bytes),
             (4 << 20, 0)
         );
         // Before the end of the hold: nothing discarded, records kept.
-        let mut v = [Verdict::NotZeroed];
+        let mut v = [ZeroGuarantee::NotZeroed];
         d.settle(t0 + Duration::from_secs(5), &[range(0, 1024)], &mut v)
             .unwrap();
-        assert_eq!(v, [Verdict::NotZeroed]);
+        assert_eq!(v, [ZeroGuarantee::NotZeroed]);
         assert_eq!(d.stats().held_bytes, 4 << 20);
         // After: the merged block of both holds is discarded and zero; a half of a hold
         // (its other half was taken back) too; a block never held is left alone.
         let later = t0 + Duration::from_secs(10);
-        let mut v = [Verdict::NotZeroed; 2];
+        let mut v = [ZeroGuarantee::NotZeroed; 2];
         d.settle(later, &[range(0, 256), range(1024, 256)], &mut v)
             .unwrap();
-        assert_eq!(v, [Verdict::Zeroed, Verdict::NotZeroed]);
+        assert_eq!(v, [ZeroGuarantee::Zeroed, ZeroGuarantee::NotZeroed]);
         assert_eq!(d.stats().discarded_bytes, 1 << 20);
         // The rest of the first hold was dropped with it; the second hold is still there
         // until the pass ends, then forgotten (its block was taken back).
@@ -271,13 +271,17 @@ mod tests {
         // once the second hold is over (the first, expired record must not be forgotten).
         let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
-        let mut v = [Verdict::NotZeroed];
+        let mut v = [ZeroGuarantee::NotZeroed];
         d.report(t0, &[range(0, 512)], &mut v).unwrap();
         d.report(t0 + Duration::from_secs(5), &[range(512, 512)], &mut v)
             .unwrap();
         let first = t0 + Duration::from_secs(10);
         d.settle(first, &[range(0, 1024)], &mut v).unwrap();
-        assert_eq!(v, [Verdict::NotZeroed], "the second half is still held");
+        assert_eq!(
+            v,
+            [ZeroGuarantee::NotZeroed],
+            "the second half is still held"
+        );
         d.end_settle(first);
         assert_eq!(
             d.stats().held_bytes,
@@ -287,7 +291,7 @@ mod tests {
         let second = t0 + Duration::from_secs(15);
         assert_eq!(d.hold_expiry(), Some(second));
         d.settle(second, &[range(0, 1024)], &mut v).unwrap();
-        assert_eq!(v, [Verdict::Zeroed]);
+        assert_eq!(v, [ZeroGuarantee::Zeroed]);
         assert_eq!(d.stats().discarded_bytes, 4 << 20);
         d.end_settle(second);
         assert_eq!((d.stats().held_bytes, d.hold_expiry()), (0, None));
@@ -299,21 +303,24 @@ mod tests {
         // `Instant` can hold. A panic here would leave the engine's batch isolated (lost).
         let mut d = device(HostPolicy::Hold(Duration::MAX));
         let t0 = Instant::now();
-        let mut v = [Verdict::Zeroed];
+        let mut v = [ZeroGuarantee::Zeroed];
         d.report(t0, &[range(0, 512)], &mut v).unwrap();
-        assert_eq!(v, [Verdict::NotZeroed]);
+        assert_eq!(v, [ZeroGuarantee::NotZeroed]);
         let later = t0 + Duration::from_secs(100 * 365 * 86_400);
         assert!(d.hold_expiry().is_some_and(|t| t > later));
         d.settle(later, &[range(0, 512)], &mut v).unwrap();
         d.end_settle(later);
-        assert_eq!((v, d.stats().held_bytes), ([Verdict::NotZeroed], 2 << 20));
+        assert_eq!(
+            (v, d.stats().held_bytes),
+            ([ZeroGuarantee::NotZeroed], 2 << 20)
+        );
     }
 
     #[test]
     fn a_new_report_replaces_overlapping_holds() {
         let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
-        let mut v = [Verdict::NotZeroed];
+        let mut v = [ZeroGuarantee::NotZeroed];
         d.report(t0, &[range(0, 1024)], &mut v).unwrap();
         d.report(t0 + Duration::from_secs(8), &[range(512, 512)], &mut v)
             .unwrap();
@@ -324,21 +331,24 @@ mod tests {
     #[test]
     fn immediate_discards_and_lazy_never_claims_zero() {
         let mut d = device(HostPolicy::Immediate);
-        let mut v = [Verdict::NotZeroed];
+        let mut v = [ZeroGuarantee::NotZeroed];
         d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
-        assert_eq!((v[0], d.stats().zeroed_bytes), (Verdict::Zeroed, 2 << 20));
+        assert_eq!(
+            (v[0], d.stats().zeroed_bytes),
+            (ZeroGuarantee::Zeroed, 2 << 20)
+        );
         let mut d = device(HostPolicy::Lazy);
         d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
         assert_eq!(
             (v[0], d.stats().discarded_bytes, d.stats().zeroed_bytes),
-            (Verdict::NotZeroed, 2 << 20, 0)
+            (ZeroGuarantee::NotZeroed, 2 << 20, 0)
         );
     }
 
     #[test]
     fn a_failed_discard_fails_the_whole_call() {
         let mut d = device(HostPolicy::Immediate);
-        let mut v = [Verdict::NotZeroed; 2];
+        let mut v = [ZeroGuarantee::NotZeroed; 2];
         // The second range is outside the RAM: the claim fails, the call fails.
         assert!(d
             .report(Instant::now(), &[range(0, 512), range(4096, 512)], &mut v)

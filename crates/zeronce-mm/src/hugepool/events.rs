@@ -1,5 +1,6 @@
-//! "Zeroable pages appeared" notifications, rate-limited by an injected clock (the 003
-//! seed: epoll on `zeroable_hugepages`, at most one event per interval).
+//! "Zeroable pages appeared" notifications, rate-limited by an injected clock (as in the
+//! hugetlb pre-zeroing series: epoll on `zeroable_hugepages`, at most one event per
+//! interval).
 //!
 //! Rule, per node: when the zeroable count grows, an event fires at once unless one fired
 //! less than `min_interval` ago; then the event is *pending* and fires (as a trailing

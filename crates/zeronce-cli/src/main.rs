@@ -91,6 +91,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, never into a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),

@@ -121,9 +121,10 @@ pub fn reporting(out: &mut Out, r: &ReportingStats) {
     let (blocks, pages) = (t.blocks - r.settled.blocks, t.pages - r.settled.pages);
     let zero = t.zeroed_pages - r.settled.zeroed_pages;
     let mut text = format!(
-        "   reporting: {} scheduled passes and {} flushes, {} report calls, {blocks} blocks = {} MiB \
-         reported, {} MiB of it answered zero at once, {} failed calls, {} budget stops, {} \
-         zones gated by the watermark",
+        "   reporting: scheduled passes {}, flushes {}, report calls {}, blocks reported {blocks} \
+         ({} MiB; free neighbours merge, so a block can be larger than one allocation), \
+         answered zero at once {} MiB, failed calls {}, budget stops {}, zones gated by the \
+         watermark {}",
         r.passes,
         r.flushes,
         t.calls - r.settled.calls,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zeronce_mem::{BackingKind, DiscardOp, GuestRam, HugePageSize};
-use zeronce_pool::client::{Client, TakeOptions};
+use zeronce_pool::client::{Client, TakeOptions, TakenFile};
 use zeronce_pool::files::mount_from_env;
 
 const PAGE: usize = 2 << 20;
@@ -62,6 +62,15 @@ impl Daemon {
 
     fn stats(&self) -> Value {
         self.client().stats().expect("stats")
+    }
+
+    /// Takes a file by path on a fresh connection, waiting until one is ready.
+    fn take_waiting(&self) -> TakenFile {
+        let wait = TakeOptions {
+            wait: true,
+            ..TakeOptions::default()
+        };
+        self.client().take(PAGE as u64, wait).expect("take")
     }
 
     /// Polls until `ready` (the daemon must still be running).
@@ -161,16 +170,7 @@ fn clients_get_zero_files_and_punched_pages_come_back_without_daemon_zeroing() {
 
     // Client 2 (the only file, so the one just written): zero everywhere again. It
     // punches two pages, as a balloon would, and returns the file.
-    let taken = daemon
-        .client()
-        .take(
-            PAGE as u64,
-            TakeOptions {
-                wait: true,
-                ..TakeOptions::default()
-            },
-        )
-        .unwrap();
+    let taken = daemon.take_waiting();
     assert_eq!(taken.served, "prezeroed");
     let mut ram = map(open(&taken.path));
     check_zero_then_write(&mut ram);
@@ -193,16 +193,7 @@ fn clients_get_zero_files_and_punched_pages_come_back_without_daemon_zeroing() {
     );
 
     // Client 3: everything allocated and zero.
-    let taken = daemon
-        .client()
-        .take(
-            PAGE as u64,
-            TakeOptions {
-                wait: true,
-                ..TakeOptions::default()
-            },
-        )
-        .unwrap();
+    let taken = daemon.take_waiting();
     let mut ram = map(open(&taken.path));
     assert_eq!(
         ram.file_allocated_bytes().unwrap().unwrap(),
@@ -327,11 +318,7 @@ fn a_leased_file_is_reclaimed_only_once_no_process_has_it_open_or_mapped() {
     daemon.wait_idle();
 
     // The next client gets it zero everywhere.
-    let wait = TakeOptions {
-        wait: true,
-        ..TakeOptions::default()
-    };
-    let taken = daemon.client().take(PAGE as u64, wait).unwrap();
+    let taken = daemon.take_waiting();
     let mut ram = map(open(&taken.path));
     check_zero_then_write(&mut ram);
 }

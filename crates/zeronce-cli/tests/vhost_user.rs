@@ -31,7 +31,14 @@ fn vm_demo_over_vhost_user_reports_and_gets_blocks_back_known_zero() {
         out.contains("16 of step 1's blocks known zero from the host"),
         "{out}"
     );
-    assert!(out.contains("(its control socket)"), "{out}");
+    assert!(
+        out.contains("device (steps 0-4), since it started (its control socket)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("second device (step 5's own, bit 6 off), since it started"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -124,7 +124,10 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     ));
     device(
         &mut out,
-        "device",
+        Counted {
+            key: "device",
+            label: "device (steps 0-4)",
+        },
         &vm.stats(),
         served.as_ref().map(|s| &s.0),
     );
@@ -169,7 +172,10 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     );
     device(
         &mut out,
-        "baseline_device",
+        Counted {
+            key: "baseline_device",
+            label: "second device (step 5's own, bit 6 off)",
+        },
         &plain.stats(),
         served.as_ref().map(|s| &s.1),
     );
@@ -179,9 +185,17 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
     )
 }
 
+/// Which device [`device`] prints the counters of.
+struct Counted {
+    /// Its JSON key.
+    key: &'static str,
+    /// Its name in the text (the demo has two devices).
+    label: &'static str,
+}
+
 /// The device's counters (from the daemon's control socket when it is one) and the
 /// driver's, labelled.
-fn device(out: &mut Out, key: &str, s: &VmStats, served: Option<&ServedDevice>) {
+fn device(out: &mut Out, c: Counted, s: &VmStats, served: Option<&ServedDevice>) {
     let d = match served {
         None => json!({
             "pages_reported": s.device.pages_reported, "bytes_discarded": s.device.bytes_discarded,
@@ -200,9 +214,10 @@ fn device(out: &mut Out, key: &str, s: &VmStats, served: Option<&ServedDevice>) 
     let n = |k: &str| d[k].as_u64().unwrap_or(0);
     out.say(
         &format!(
-            "   device{}, since it started: {} pages reported, {} MiB discarded, {} blocks \
+            "   {}, since it started{}: {} pages reported, {} MiB discarded, {} blocks \
              promised zero, {} failed discards, {} malformed requests; driver: {} report calls, \
              answers {} blocks zero / {} not zero, {} failures",
+            c.label,
             if served.is_some() {
                 " (its control socket)"
             } else {
@@ -218,7 +233,7 @@ fn device(out: &mut Out, key: &str, s: &VmStats, served: Option<&ServedDevice>) 
             s.driver.not_zeroed,
             s.driver.failures
         ),
-        key,
+        c.key,
         json!({
             "device": d, "driver_report_calls": s.driver.reports,
             "driver_answered_zeroed": s.driver.zeroed,

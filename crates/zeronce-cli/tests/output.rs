@@ -58,6 +58,40 @@ fn demo_json_has_every_step_and_plot_is_an_svg() {
 }
 
 #[test]
+fn vm_demo_json_counts_each_device_apart_and_what_went_beyond_the_working_set() {
+    let v = zeronce_json(&[
+        "demo",
+        "--json",
+        "--mode",
+        "vm",
+        "--size-mib",
+        "256",
+        "--working-set-mib",
+        "32",
+        "--delay-ms",
+        "100",
+    ]);
+    // Steps 0 (start) to 5: step 4 is the fifth.
+    assert_eq!(v["steps"][4]["blocks_known_zero_from_host"], 16, "{v}");
+    // Each device reported the working set and one 2 MiB block more: the first the
+    // never-written half of the block the last write split (merged with it when freed),
+    // the second the never-written rest of its smaller RAM (dirty without a zero promise).
+    for key in ["device", "baseline_device"] {
+        assert_eq!(v[key]["device"]["pages_reported"], 8704, "{key}: {v}");
+        assert_eq!(
+            v[key]["reported_beyond_working_set_bytes"],
+            2 << 20,
+            "{key}: {v}"
+        );
+    }
+    assert!(
+        v["device"]["device"]["zero_promises"].as_u64() > Some(0),
+        "{v}"
+    );
+    assert_eq!(v["baseline_device"]["device"]["zero_promises"], 0, "{v}");
+}
+
+#[test]
 fn help_says_what_the_program_is_without_jargon() {
     let out = zeronce(&["--help"]);
     assert!(out.status.success());

@@ -39,6 +39,12 @@ fn vm_demo_over_vhost_user_reports_and_gets_blocks_back_known_zero() {
         out.contains("second device (step 5's own, bit 6 off), since it started"),
         "{out}"
     );
+    // The last block written splits a 4 MiB block; freed, it merges with its never-written
+    // half, which is reported again.
+    assert!(
+        out.contains("(2 MiB more than the 32 MiB working set: never-written free memory"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -92,6 +92,37 @@ fn vm_demo_json_counts_each_device_apart_and_what_went_beyond_the_working_set() 
 }
 
 #[test]
+fn demo_text_says_when_the_reporting_pass_is_due_and_when_it_came() {
+    let out = zeronce(
+        &SMALL_DEMO[..]
+            .iter()
+            .filter(|a| **a != "--json")
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = |n: &str| {
+        text.lines()
+            .find(|l| l.starts_with(n))
+            .unwrap_or_else(|| panic!("no step {n}: {text}"))
+    };
+    // Step 3 may come sooner than the delay after the free (an earlier request started
+    // the wait): step 2 promises no more than that.
+    assert!(
+        line("2. freed it").contains(
+            "the next reporting pass is due within about 0.1 s, as a pass comes 0.1 s after \
+             the first request since the last pass, which may predate this free"
+        ),
+        "{text}"
+    );
+    assert!(
+        line("3. background reporter ran").contains("s after the free"),
+        "{text}"
+    );
+}
+
+#[test]
 fn help_says_what_the_program_is_without_jargon() {
     let out = zeronce(&["--help"]);
     assert!(out.status.success());

@@ -103,7 +103,9 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
     out.step(
         format!(
             "2. freed it                       resident {resident:>6} MiB (free in the allocator, \
-             not yet given back: the reporter waits {:.1} s after a free)",
+             not yet given back: the next reporting pass is due within about {0:.1} s, as a pass \
+             comes {0:.1} s after the first request since the last pass, which may predate this \
+             free)",
             delay.as_secs_f64()
         ),
         json!({ "step": "freed", "resident_mib": resident }),

@@ -76,11 +76,21 @@ fn sizes_too_small_to_show_reporting_are_refused_up_front() {
         2,
         "too small to show reporting",
     );
-    refused("demo --working-set-mib 3", 2, "positive multiple of 2");
+    refused(
+        "demo --working-set-mib 3",
+        2,
+        "--working-set-mib 3: the working set is written in 2 MiB blocks, so it must be a \
+         positive multiple of 2",
+    );
+    refused(
+        "demo --working-set-mib 0",
+        2,
+        "--working-set-mib 0: the working set is written in 2 MiB blocks",
+    );
     refused(
         "demo --size-mib 64 --working-set-mib 128",
         2,
-        "must not exceed",
+        "--working-set-mib 128 must not exceed --size-mib 64",
     );
 }
 

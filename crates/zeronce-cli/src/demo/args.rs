@@ -150,10 +150,17 @@ impl DemoArgs {
             .filter(|s| *s <= isize::MAX as usize)
             .ok_or_else(|| format!("--size-mib {} is too large for this machine", self.size_mib))?;
         if self.working_set_mib == 0 || !self.working_set_mib.is_multiple_of(2) {
-            return Err("--working-set-mib must be a positive multiple of 2".into());
+            return Err(format!(
+                "--working-set-mib {}: the working set is written in 2 MiB blocks, so it must be \
+                 a positive multiple of 2 (default 256)",
+                self.working_set_mib
+            ));
         }
         if self.working_set_mib > self.size_mib {
-            return Err("--working-set-mib must not exceed --size-mib".into());
+            return Err(format!(
+                "--working-set-mib {} must not exceed --size-mib {}",
+                self.working_set_mib, self.size_mib
+            ));
         }
         let working_set = self.working_set_mib * MIB;
         if self.mode == DemoMode::Vm && self.host != DemoHost::Immediate {

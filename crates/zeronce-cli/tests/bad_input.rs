@@ -263,6 +263,21 @@ fn balloon_pointed_at_the_vhost_user_socket_says_so_and_is_no_front_end() {
 }
 
 #[test]
+fn balloon_without_a_daemon_says_to_check_that_serve_runs_and_names_the_socket() {
+    let socket = common::fresh_dir("nodaemon").join("v.sock.ctl");
+    refused(
+        &format!("balloon --socket {} status", socket.display()),
+        1,
+        &format!(
+            "cannot reach the control socket {}: No such file or directory (os error 2); is \
+             `zeronce serve` running?",
+            socket.display()
+        ),
+    );
+    std::fs::remove_dir_all(socket.parent().unwrap()).unwrap();
+}
+
+#[test]
 fn balloon_pointed_at_something_else_says_it_is_no_control_socket() {
     let dir = common::fresh_dir("notctl");
     let path = dir.join("other.sock");

@@ -209,8 +209,11 @@ pub fn refuse_misdirected(stream: &UnixStream, control: &Path) -> io::Result<()>
 /// A control client error.
 #[derive(Debug, Error)]
 pub enum ControlError {
-    /// The socket could not be reached.
-    #[error("{path}: {source}")]
+    /// The socket could not be reached (most often: no daemon is listening there).
+    #[error(
+        "cannot reach the control socket {path}: {source}; is `zeronce serve` running? It \
+         prints its control socket (default: the vhost-user socket's path + .ctl)"
+    )]
     Connect {
         /// The control socket.
         path: String,

@@ -123,6 +123,31 @@ fn demo_text_says_when_the_reporting_pass_is_due_and_when_it_came() {
 }
 
 #[test]
+fn debug_log_shows_each_reporting_pass_and_each_batch_the_host_discards() {
+    // README: `RUST_LOG=zeronce=debug zeronce demo` shows these.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(SMALL_DEMO)
+        .env("RUST_LOG", "zeronce=debug")
+        .output()
+        .expect("run the zeronce binary");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("report pass"), "{log}");
+    let batch = log
+        .lines()
+        .find(|l| l.contains("host: report batch"))
+        .unwrap_or_else(|| panic!("no report batch line: {log}"));
+    for field in [
+        "blocks=",
+        "discarded_bytes=",
+        "answered_zero_bytes=",
+        "MADV_DONTNEED",
+    ] {
+        assert!(batch.contains(field), "{field}: {batch}");
+    }
+}
+
+#[test]
 fn help_says_what_the_program_is_without_jargon() {
     let out = zeronce(&["--help"]);
     assert!(out.status.success());

@@ -103,6 +103,20 @@ impl ProcessDevice {
         }
     }
 
+    /// One debug line for a batch of `blocks` blocks the engine handed over (`what`:
+    /// "report" or "settle"): what this call discarded, answered zero and now holds.
+    fn log_batch(&self, what: &'static str, blocks: usize, before: DeviceStats) {
+        tracing::debug!(
+            blocks,
+            discarded_bytes = self.stats.discarded_bytes - before.discarded_bytes,
+            answered_zero_bytes = self.stats.zeroed_bytes - before.zeroed_bytes,
+            held_bytes = self.stats.held_bytes,
+            op = %self.op,
+            policy = ?self.policy,
+            "host: {what} batch"
+        );
+    }
+
     /// Forgets held records overlapping `block` (it is being reported or settled anew).
     fn unhold(&mut self, block: &PageRange) -> Vec<(u64, u64, Instant)> {
         let end = block.end().0;
@@ -135,6 +149,7 @@ impl ReportingDevice for ProcessDevice {
         blocks: &[PageRange],
         verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
+        let before = self.stats;
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             *verdict = match self.policy {
                 HostPolicy::Immediate | HostPolicy::Lazy | HostPolicy::ZeroThenReport { .. } => {
@@ -150,6 +165,7 @@ impl ReportingDevice for ProcessDevice {
                 }
             };
         }
+        self.log_batch("report", blocks.len(), before);
         Ok(())
     }
 
@@ -163,6 +179,7 @@ impl ReportingDevice for ProcessDevice {
         blocks: &[PageRange],
         verdicts: &mut [ZeroGuarantee],
     ) -> Result<(), ReportError> {
+        let before = self.stats;
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             let records = self.unhold(block);
             let covered: u64 = records
@@ -191,6 +208,7 @@ impl ReportingDevice for ProcessDevice {
                 }
             }
         }
+        self.log_batch("settle", blocks.len(), before);
         Ok(())
     }
 

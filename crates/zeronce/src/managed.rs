@@ -9,7 +9,6 @@ use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, Rep
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
     MemoryManager, MmConfig, Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
-    PCP_MAX_ORDER,
 };
 
 use crate::caches::{Kept, ThreadCaches};
@@ -24,10 +23,10 @@ use crate::zeroing::RamZeroer;
 pub(crate) struct ManagedMemory<D: ReportingDevice + 'static> {
     // Field order is drop order: the zeroer and reporter threads stop before the manager.
     /// The zero-once lifecycle (process mode only).
-    pub(crate) life: Option<Lifecycle>,
-    pub(crate) reporter: Option<Reporter<MemoryManager, D>>,
-    /// The small-order fast path in front of `mm`.
-    pub(crate) caches: ThreadCaches,
+    pub(crate) life: Option<Arc<Lifecycle>>,
+    pub(crate) reporter: Option<Reporter<ThreadCaches, D>>,
+    /// The fast path in front of `mm` (also the reporting engine's view of it).
+    pub(crate) caches: Arc<ThreadCaches>,
     pub(crate) mm: Arc<MemoryManager>,
     pub(crate) ram: Arc<SharedRam>,
 }
@@ -48,7 +47,7 @@ pub(crate) struct Lifecycle {
 
 impl Lifecycle {
     /// A block was freed with `hint`: wakes the zeroer if it left dirty chunks.
-    fn after_free(&self, block: Block, hint: FreeHint) {
+    pub(crate) fn after_free(&self, block: Block, hint: FreeHint) {
         if let Some(z) = &self.zeroer {
             if hint == FreeHint::Dirty && block.order >= self.map.chunk_order() {
                 z.freed();
@@ -125,20 +124,23 @@ pub(crate) fn check_reporting_order(order: Order, page_size: usize) -> Result<()
     Ok(())
 }
 
-/// Starts the reporting worker for `mm` and `device`, and hooks it to the free path.
+/// Starts the reporting worker for the manager behind `caches` and `device`, and hooks it
+/// to the free path (the zone's and the caches' kept blocks).
 pub(crate) fn start_reporter<D: ReportingDevice + 'static>(
-    mm: &Arc<MemoryManager>,
+    caches: &Arc<ThreadCaches>,
     device: D,
     config: ReportingConfig,
-) -> Result<Reporter<MemoryManager, D>, ReportingConfigError> {
+) -> Result<Reporter<ThreadCaches, D>, ReportingConfigError> {
     let reporter = Reporter::start_with(
-        Arc::clone(mm),
+        Arc::clone(caches),
         device,
         config,
         crate::threads::mark_internal_thread,
     )?;
+    let mm = caches.manager();
     let notifier = reporter.notifier();
     let order = config.order;
+    caches.set_report_notifier(reporter.notifier(), order);
     // Linux page_reporting_notify_free: the manager calls it only for merged unreported
     // blocks of reporting order or above; it is one atomic load unless the engine is IDLE.
     if mm
@@ -179,7 +181,7 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
         &self.ram
     }
     fn life(&self) -> Option<&Lifecycle> {
-        self.life.as_ref()
+        self.life.as_deref()
     }
     fn alloc(
         &self,
@@ -187,10 +189,10 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
         req: AllocRequest,
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
-        self.caches.alloc(&self.mm, order, req, used_pages)
+        self.caches.alloc(order, req, used_pages)
     }
     fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
-        self.caches.free(&self.mm, block, hint)
+        self.caches.free(block, hint)
     }
     fn take_kept(&self, order: Order) -> Option<Kept> {
         self.caches.take_kept(order)
@@ -377,27 +379,18 @@ impl PageBlock {
             return Ok(());
         }
         let block = self.alloc.block;
-        if let Some(l) = self.owner.life() {
+        let life = self.owner.life();
+        if let Some(l) = life {
             if l.init_on_free && hint == FreeHint::Dirty {
                 self.bytes.zero();
                 l.map.count_zeroed(Site::AtFree, block.order.bytes());
                 hint = FreeHint::KnownZero;
             }
-            // While the block is still ours: a zeroer must not see it free before this.
-            let zero_from = if hint == FreeHint::KnownZero {
-                0
-            } else {
-                zero_from
-            };
-            l.map.freed(block, zero_from);
         }
-        if hint == FreeHint::Dirty
-            && block.order <= PCP_MAX_ORDER
-            && self
-                .owner
-                .life()
-                .is_none_or(|l| block.order < l.map.chunk_order())
-        {
+        if hint == FreeHint::Dirty {
+            // Kept for the next allocation on this thread: still allocated and claimed,
+            // its chunks untouched (a vouched-for zero tail is forgotten: it may be
+            // written again before the block reaches the manager).
             let kept = Kept {
                 alloc: self.alloc,
                 bytes: std::mem::take(&mut self.bytes),
@@ -406,6 +399,16 @@ impl PageBlock {
                 Ok(()) => return Ok(()),
                 Err(kept) => self.bytes = kept.bytes,
             }
+        }
+        if let Some(l) = life {
+            l.map.count_freed(block.order.bytes());
+            // While the block is still ours: a zeroer must not see it free before this.
+            let zero_from = if hint == FreeHint::KnownZero {
+                0
+            } else {
+                zero_from
+            };
+            l.map.freed(block, zero_from);
         }
         // Our claim must go before the manager (or the verify read) can touch the block.
         self.bytes.release();

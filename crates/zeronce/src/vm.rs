@@ -305,7 +305,9 @@ impl VmBuilder {
             .manager
             .build_manager(&ram, ring_gpa / PAGE_SIZE, Some(self.reporting.order), None)
             .map_err(Error::from)?;
-        let reporter = managed::start_reporter(&mm, driver, self.reporting).map_err(Error::from)?;
+        let caches = Arc::new(crate::caches::ThreadCaches::new(&mm, None));
+        let reporter =
+            managed::start_reporter(&caches, driver, self.reporting).map_err(Error::from)?;
         tracing::debug!(
             ?negotiated,
             reporting_queue_index,
@@ -313,7 +315,7 @@ impl VmBuilder {
             "VM mode ready"
         );
         let inner = Arc::new(ManagedMemory {
-            caches: crate::caches::ThreadCaches::new(&mm),
+            caches,
             life: None,
             reporter: Some(reporter),
             mm,
@@ -423,7 +425,7 @@ impl VmMemory {
         self.reporter().flush(max_pages)
     }
 
-    fn reporter(&self) -> &zeronce_mm::reporting::Reporter<MemoryManager, VmDriver> {
+    fn reporter(&self) -> &zeronce_mm::reporting::Reporter<crate::caches::ThreadCaches, VmDriver> {
         self.inner
             .reporter
             .as_ref()
@@ -433,7 +435,7 @@ impl VmMemory {
     /// Counters of the manager, the engine, the driver and the device.
     pub fn stats(&self) -> VmStats {
         // Exact counts: blocks in the per-thread caches go back to the allocator first.
-        let mm = self.inner.caches.stats(&self.inner.mm);
+        let mm = self.inner.caches.stats();
         let r = self.reporter();
         VmStats {
             mm,

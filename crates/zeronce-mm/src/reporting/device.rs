@@ -97,4 +97,8 @@ pub trait ReportingHooks {
     /// Monotonic count of allocations that took a block of reportable order or larger off
     /// the free lists (the adaptive budget's churn signal).
     fn reportable_allocs(&self) -> u64;
+    /// Runs before each reporting pass (scheduled or flush, not settle): gives back to
+    /// the free lists any free blocks the caller caches outside them, so the pass can
+    /// report them. Does nothing by default.
+    fn before_pass(&self) {}
 }

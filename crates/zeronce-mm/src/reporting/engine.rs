@@ -245,6 +245,9 @@ impl ReportingEngine {
         kind: PassKind,
         quiet: bool,
     ) -> PassReport {
+        if kind != PassKind::Settle {
+            hooks.before_pass();
+        }
         let mut run = Pass {
             hooks,
             device,

@@ -31,6 +31,7 @@ use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
+use crate::caches::ThreadCaches;
 pub use crate::managed::PageBlock;
 use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings, Owners};
 use crate::zeroing::background::{BackgroundZeroer, Target};
@@ -166,15 +167,6 @@ impl Builder {
             reporting.map(|s| s.config.order),
             Some(Arc::clone(&map)),
         )?;
-        let reporter = match reporting {
-            None => None,
-            Some(setup) => {
-                let mut device =
-                    ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
-                device.set_zero_map(Arc::clone(&map));
-                Some(managed::start_reporter(&mm, device, setup.config)?)
-            }
-        };
         let target = Target {
             mm: Arc::clone(&mm),
             ram: Arc::clone(&ram),
@@ -184,14 +176,24 @@ impl Builder {
             Some(config) => Some(BackgroundZeroer::start(target, config)?),
             None => None,
         };
-        let life = Lifecycle {
+        let life = Arc::new(Lifecycle {
             zeroer,
-            map,
+            map: Arc::clone(&map),
             init_on_free: self.init_on_free,
             init_on_alloc: self.init_on_alloc,
+        });
+        let caches = Arc::new(ThreadCaches::new(&mm, Some(Arc::clone(&life))));
+        let reporter = match reporting {
+            None => None,
+            Some(setup) => {
+                let mut device =
+                    ProcessDevice::new(Arc::clone(&ram), setup.policy, setup.zero_hints)?;
+                device.set_zero_map(map);
+                Some(managed::start_reporter(&caches, device, setup.config)?)
+            }
         };
         let inner = Arc::new(ManagedMemory {
-            caches: crate::caches::ThreadCaches::new(&mm),
+            caches,
             life: Some(life),
             reporter,
             mm,
@@ -284,13 +286,17 @@ impl ProcessMemory {
     /// Counters.
     pub fn stats(&self) -> ProcessStats {
         // Exact counts: blocks in the per-thread caches go back to the allocator first.
-        let mm = self.inner.caches.stats(&self.inner.mm);
+        let mm = self.inner.caches.stats();
         let r = self.inner.reporter.as_ref();
+        let zeroing = self.life().map.stats();
         ProcessStats {
             mm,
             reporting: r.map(|r| r.stats()),
             device: r.map(|r| r.with_device(|d| d.stats())),
-            zeroing: self.life().map.stats(),
+            zeroing: ZeroingStats {
+                freed: zeroing.freed + self.inner.caches.kept_freed_bytes(),
+                ..zeroing
+            },
         }
     }
 

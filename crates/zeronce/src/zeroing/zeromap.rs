@@ -183,10 +183,6 @@ impl ZeroMap {
     /// `Zero` where they read zero, else `Dirty`; chunks shared with other blocks stay
     /// `Used`.
     pub(crate) fn freed(&self, block: Block, zero_from: u64) {
-        self.counters
-            .freed
-            .mine()
-            .fetch_add(block.order.bytes(), Relaxed);
         let range = block.range();
         let zero_pages = range.pages.saturating_sub(zero_from);
         self.written.mark(
@@ -247,6 +243,11 @@ impl ZeroMap {
             Site::AtFree => &self.counters.at_free,
         };
         c.fetch_add(bytes, Relaxed);
+    }
+
+    /// Counts `bytes` their owners freed (blocks kept in a thread cache are counted there).
+    pub(crate) fn count_freed(&self, bytes: u64) {
+        self.counters.freed.mine().fetch_add(bytes, Relaxed);
     }
 
     /// Counts `bytes` a zero-request did not zero because the map knew them zero.

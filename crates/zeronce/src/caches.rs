@@ -1,18 +1,17 @@
 //! [`ThreadCaches`]: the fast path of [`crate::ProcessMemory`] and [`crate::VmMemory`],
 //! Linux's per-CPU page lists in user space.
 //!
-//! A handful of slots (one per CPU the process may run on), each behind its own
-//! [`TryLock`] on its own cache line; a thread always uses the same slot (live threads are
-//! spread over them). As Linux's `pcp_spin_trylock`, a slot is only ever *tried*: a thread
-//! that finds its slot busy (another thread on it, or a drain) goes to the manager for
-//! that call instead of waiting, so no thread ever spins or sleeps on a slot. Taking a
-//! free slot is one atomic swap and giving it back one plain store.
+//! A handful of slots (one per CPU the process may run on); a thread always uses the same
+//! slot (live threads are spread over them). As Linux's `pcp_spin_trylock`, a slot is
+//! only ever *tried*: a thread that finds its slot busy (another thread on it, or a drain)
+//! goes to the manager for that call instead of waiting, so no thread ever spins or sleeps
+//! on a slot. Taking a free slot is one atomic swap and giving it back one plain store.
 //!
 //! Each slot has two layers:
-//! - *kept* blocks: blocks their owners freed dirty, still allocated in the manager and
-//!   still claimed, so the next non-zero allocation of that order on the slot takes one
-//!   back with no manager call, no claim and no chunk-state change. Orders up to
-//!   [`PCP_MAX_ORDER`] and the huge-page order (2 MiB), as Linux keeps orders up to
+//! - *kept* blocks ([`crate::kept`]): blocks their owners freed dirty, still allocated in
+//!   the manager and still claimed, so the next non-zero allocation of that order on the
+//!   slot takes one back with no manager call, no claim and no chunk-state change. Orders
+//!   up to [`PCP_MAX_ORDER`] and the huge-page order (2 MiB), as Linux keeps orders up to
 //!   `PAGE_ALLOC_COSTLY_ORDER` and `pageblock_order` on its per-CPU lists. A kept block
 //!   is in use as far as everything else knows: its chunk stays `Used` and its pages
 //!   written, so no zeroer touches it and no zero claim is made for it.
@@ -21,114 +20,70 @@
 //!
 //! Cached and kept blocks are neither mergeable nor reportable, so both are bounded (per
 //! slot: the manager's `pcp_batch_pages` per small order kept, [`KEPT_HUGE_BYTES`] of huge
-//! blocks, the manager's `pcp_high_pages` per order cached) and both go back to the
-//! manager before every reporting pass (see [`ThreadCaches`]'s `ReportingHooks`), when an
-//! allocation would otherwise fail, on [`ThreadCaches::drain`] and on drop. A kept block
-//! goes back as if its owner had freed it then: its chunks become `Dirty` and the
-//! background zeroer is woken. Huge blocks are not kept when a background zeroer runs:
-//! there a freed chunk is meant to be zeroed off the allocation path at once.
+//! blocks, the manager's `pcp_high_pages` per order cached), and both go back to the
+//! manager before every reporting pass (see [`ThreadCaches`]'s `ReportingHooks`; keeping
+//! a block of reporting order schedules one, as freeing it to the zone would), when an
+//! allocation would otherwise fail, on [`ThreadCaches::drain`] and when the owner closes.
+//! A kept block goes back as if its owner had freed it then: its chunks become `Dirty` and
+//! the background zeroer is woken. Huge blocks are not kept when a background zeroer
+//! runs: there a freed chunk is meant to be zeroed off the allocation path at once.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use try_lock::{Locked, TryLock};
 use zeronce_mm::reporting::{Notifier, ReportingHooks, Wanted};
+use zeronce_mm::sync::lock;
 use zeronce_mm::{
-    AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, FreeState, MemoryManager,
-    Order, PcpCache, PutBack, PutBackError, Stats, Zeroing, ZoneId, PAGE_SIZE, PCP_MAX_ORDER,
+    AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
+    PcpCache, PutBack, PutBackError, Stats, ZoneId, PAGE_SIZE, PCP_MAX_ORDER,
 };
 use zeronce_types::HUGE_PAGE_2M;
 
-use crate::claimed::ClaimedBytes;
+use crate::kept;
 use crate::managed::Lifecycle;
 use crate::threads::PerThread;
 
-/// A block its owner freed dirty, kept for the next allocation of its order (see the
-/// module docs): allocated in the manager, its bytes claimed.
-pub(crate) struct Kept {
-    pub(crate) alloc: Allocation,
-    pub(crate) bytes: ClaimedBytes,
-}
-
 /// The huge-page order: 2 MiB blocks.
-const HUGE_ORDER: Order = match Order::new((HUGE_PAGE_2M / PAGE_SIZE as usize).ilog2() as u8) {
-    Ok(o) => o,
-    Err(_) => panic!("2 MiB is a valid order"),
-};
+pub(crate) const HUGE_ORDER: Order =
+    match Order::new((HUGE_PAGE_2M / PAGE_SIZE as usize).ilog2() as u8) {
+        Ok(o) => o,
+        Err(_) => panic!("2 MiB is a valid order"),
+    };
 
 /// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
 pub(crate) const KEPT_HUGE_BYTES: u64 = 16 << 20;
 
-/// Kept lists per slot: one per order up to [`PCP_MAX_ORDER`], one for [`HUGE_ORDER`].
-const KEPT_LISTS: usize = PCP_MAX_ORDER.index() + 2;
-
-/// The kept list of `order`, if blocks of that order are kept.
-fn kept_list(order: Order) -> Option<usize> {
-    if order <= PCP_MAX_ORDER {
-        Some(order.index())
-    } else if order == HUGE_ORDER {
-        Some(KEPT_LISTS - 1)
-    } else {
-        None
-    }
-}
-
-/// The order of kept list `list`.
-fn list_order(list: usize) -> Order {
-    if list == KEPT_LISTS - 1 {
-        HUGE_ORDER
-    } else {
-        u8::try_from(list)
-            .ok()
-            .and_then(|o| Order::new(o).ok())
-            .unwrap_or(Order::ZERO)
-    }
-}
-
-/// One CPU's cache and kept blocks.
-struct Slot {
-    pcp: PcpCache<Arc<MemoryManager>>,
-    /// Kept blocks per list, most recently freed last.
-    kept: [Vec<Kept>; KEPT_LISTS],
-    /// Most blocks kept per list.
-    limit: [usize; KEPT_LISTS],
-    /// Allocations served from `kept`, and frees into it that have not reached the
+/// Counters of one slot's kept blocks of one owner. Written only under that slot's lock of
+/// [`crate::kept`]'s lists, so a plain load and store (no read-modify-write) each.
+#[derive(Default)]
+struct KeptCounters {
+    /// Allocations served from a kept list, and frees into one that have not reached the
     /// manager: the manager does not count them.
-    kept_allocs: [u64; KEPT_LISTS],
-    kept_frees: [u64; KEPT_LISTS],
-    /// Bytes freed into `kept` (the zeroing counters' `freed`).
-    kept_freed_bytes: u64,
+    allocs: [AtomicU64; kept::LISTS],
+    frees: [AtomicU64; kept::LISTS],
+    /// Bytes freed into kept lists (the zeroing counters' `freed`).
+    freed_bytes: AtomicU64,
 }
 
-impl Slot {
-    fn new(mm: &Arc<MemoryManager>, keep_huge: bool) -> Slot {
-        let total = mm.total_pages();
-        let small = mm.config().pcp_batch_pages.min(total / 64);
-        let huge = if keep_huge && HUGE_ORDER <= mm.config().max_order {
-            KEPT_HUGE_BYTES.min(total * PAGE_SIZE / 64) / HUGE_ORDER.bytes()
-        } else {
-            0
-        };
-        let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        Slot {
-            pcp: PcpCache::new(Arc::clone(mm)),
-            kept: Default::default(),
-            limit: std::array::from_fn(|l| {
-                if l == KEPT_LISTS - 1 {
-                    fit(huge)
-                } else {
-                    fit(small >> l).max(1)
-                }
-            }),
-            kept_allocs: [0; KEPT_LISTS],
-            kept_frees: [0; KEPT_LISTS],
-            kept_freed_bytes: 0,
-        }
-    }
+/// Adds `by` to a counter only one thread writes at a time.
+#[inline]
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.store(counter.load(Relaxed).wrapping_add(by), Relaxed);
 }
 
 /// Per-thread caches in front of one manager (see the module docs).
 pub(crate) struct ThreadCaches {
-    slots: PerThread<TryLock<Slot>>,
+    pcp: PerThread<TryLock<PcpCache<Arc<MemoryManager>>>>,
+    /// Most blocks kept per slot, per kept list.
+    kept_limit: [usize; kept::LISTS],
+    /// Counters of the kept blocks, per slot.
+    counters: PerThread<KeptCounters>,
+    /// Set when the owner's last handle is gone: no block is kept for it any more.
+    closed: AtomicBool,
+    /// Held while kept blocks go back from the reporting thread, and while closing: the
+    /// owner references the reporting thread drops are never the last.
+    giving_back: Mutex<()>,
     mm: Arc<MemoryManager>,
     /// The zero-once lifecycle (process mode): kept blocks going back go through it.
     life: Option<Arc<Lifecycle>>,
@@ -140,9 +95,25 @@ pub(crate) struct ThreadCaches {
 impl ThreadCaches {
     /// One slot per CPU this process may run on, in front of `mm`.
     pub(crate) fn new(mm: &Arc<MemoryManager>, life: Option<Arc<Lifecycle>>) -> Self {
-        let keep_huge = life.as_ref().is_none_or(|l| l.zeroer.is_none());
+        let total = mm.total_pages();
+        let small = mm.config().pcp_batch_pages.min(total / 64);
+        let keep_huge =
+            life.as_ref().is_none_or(|l| l.zeroer.is_none()) && HUGE_ORDER <= mm.config().max_order;
+        let huge = if keep_huge {
+            KEPT_HUGE_BYTES.min(total * PAGE_SIZE / 64) / HUGE_ORDER.bytes()
+        } else {
+            0
+        };
+        let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         ThreadCaches {
-            slots: PerThread::new(|| TryLock::new(Slot::new(mm, keep_huge))),
+            pcp: PerThread::new(|| TryLock::new(PcpCache::new(Arc::clone(mm)))),
+            kept_limit: std::array::from_fn(|list| match kept::list_order(list) {
+                o if o == HUGE_ORDER => fit(huge),
+                o => fit(small >> o.get()).max(1),
+            }),
+            counters: PerThread::new(KeptCounters::default),
+            closed: AtomicBool::new(false),
+            giving_back: Mutex::new(()),
             mm: Arc::clone(mm),
             life,
             report: OnceLock::new(),
@@ -161,12 +132,6 @@ impl ThreadCaches {
         }
     }
 
-    /// The calling thread's slot, if no other thread holds it now.
-    #[inline]
-    fn try_mine(&self) -> Option<Locked<'_, Slot>> {
-        self.slots.mine().try_lock()
-    }
-
     /// Allocates from the calling thread's cache (small non-zero requests, its slot free)
     /// or the manager; out of memory, every cache is drained and the manager tried again.
     pub(crate) fn alloc(
@@ -175,11 +140,13 @@ impl ThreadCaches {
         req: AllocRequest,
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
-        let cached = !req.zeroed && order <= PCP_MAX_ORDER;
-        let first = match self.try_mine().filter(|_| cached) {
-            // Nothing to zero: the prefix does not matter.
-            Some(mut slot) => slot.pcp.alloc(order, req),
-            None => self.mm.alloc_prefix(order, req, used_pages),
+        let first = {
+            let cached = !req.zeroed && order <= PCP_MAX_ORDER;
+            match self.pcp.mine().try_lock().filter(|_| cached) {
+                // Nothing to zero: the prefix does not matter.
+                Some(mut pcp) => pcp.alloc(order, req),
+                None => self.mm.alloc_prefix(order, req, used_pages),
+            }
         };
         match first {
             Err(AllocError::OutOfMemory(_)) => {
@@ -194,92 +161,102 @@ impl ThreadCaches {
     /// manager.
     pub(crate) fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
         if hint == FreeHint::Dirty && block.order <= PCP_MAX_ORDER {
-            if let Some(mut slot) = self.try_mine() {
-                return slot.pcp.free(block, hint);
+            if let Some(mut pcp) = self.pcp.mine().try_lock() {
+                return pcp.free(block, hint);
             }
         }
         self.mm.free(block, hint)
     }
 
-    /// A kept block of `order` for the calling thread, if its slot has one.
+    /// Whether the owner's last handle is gone.
     #[inline]
-    pub(crate) fn take_kept(&self, order: Order) -> Option<Kept> {
-        let list = kept_list(order)?;
-        let mut slot = self.try_mine()?;
-        let kept = slot.kept[list].pop()?;
-        slot.kept_allocs[list] += 1;
-        Some(kept)
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Acquire)
     }
 
-    /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
-    /// caller when its order is not kept, the slot keeps enough of it or is busy.
+    /// The owner's last handle is gone: its kept blocks go back and none is kept again
+    /// (their owner references would keep it alive).
+    pub(crate) fn close(&self) {
+        let _serial = lock(&self.giving_back);
+        self.closed.store(true, Release);
+        self.give_back_kept();
+    }
+
+    /// Most blocks of kept list `list` per slot.
     #[inline]
-    pub(crate) fn keep(&self, mut kept: Kept) -> Result<(), Kept> {
-        let order = kept.alloc.block.order;
-        let Some(list) = kept_list(order) else {
-            return Err(kept);
-        };
-        let Some(mut slot) = self.try_mine() else {
-            return Err(kept);
-        };
-        if slot.kept[list].len() >= slot.limit[list] {
-            return Err(kept);
+    pub(crate) fn kept_limit(&self, list: usize) -> usize {
+        self.kept_limit[list]
+    }
+
+    /// Number of slots.
+    pub(crate) fn slots(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// Counts an allocation served from slot `slot`'s kept list `list` (under that slot's
+    /// kept-list lock).
+    #[inline]
+    pub(crate) fn count_kept_alloc(&self, slot: usize, list: usize) {
+        if let Some(c) = self.counters.get(slot) {
+            bump(&c.allocs[list], 1);
         }
-        // What the next owner gets: a dirty block, not zeroed for it (written only when
-        // it differs: a block kept before already says so, and a narrow store followed by
-        // the wide copies of the move would stall store forwarding).
-        if kept.alloc.prior != FreeState::DIRTY || kept.alloc.zeroing != Zeroing::NotRequested {
-            kept.alloc.prior = FreeState::DIRTY;
-            kept.alloc.zeroing = Zeroing::NotRequested;
+    }
+
+    /// Counts a block of `order` kept in slot `slot`'s list `list` (under that lock).
+    #[inline]
+    pub(crate) fn count_kept_free(&self, slot: usize, list: usize, order: Order) {
+        if let Some(c) = self.counters.get(slot) {
+            bump(&c.frees[list], 1);
+            bump(&c.freed_bytes, order.bytes());
         }
-        slot.kept[list].push(kept);
-        slot.kept_frees[list] += 1;
-        slot.kept_freed_bytes += order.bytes();
-        drop(slot);
+    }
+
+    /// `n` blocks of slot `slot`'s list `list` go back to the manager, which counts their
+    /// frees (under that lock).
+    pub(crate) fn uncount_kept_frees(&self, slot: usize, list: usize, n: u64) {
+        if let Some(c) = self.counters.get(slot) {
+            bump(&c.frees[list], n.wrapping_neg());
+        }
+    }
+
+    /// A block of `order` was kept: what its free to the zone would have done for
+    /// reporting (one atomic load unless the reporting engine is idle).
+    #[inline]
+    pub(crate) fn kept_block(&self, order: Order) {
         if let Some((notifier, reporting)) = self.report.get() {
             if order >= *reporting {
-                // One atomic load unless the reporting engine is idle.
                 notifier.freed(order);
             }
         }
-        Ok(())
     }
 
-    /// Gives every kept and cached block back to the manager (waiting for each slot).
+    /// Gives every kept and cached block back to the manager (waiting for each slot). Not
+    /// on the reporting thread (see [`ReportingHooks::before_pass`] below).
     pub(crate) fn drain(&self) {
-        for slot in self.slots.iter() {
-            let kept: Vec<Kept> = {
-                let mut s = lock_slot(slot);
-                let s = &mut *s;
-                let mut out = Vec::new();
-                for (list, blocks) in s.kept.iter_mut().enumerate() {
-                    s.kept_frees[list] -= blocks.len() as u64;
-                    out.append(blocks);
-                }
-                s.pcp.drain();
-                out
-            };
-            for k in kept {
-                self.give_back(k);
-            }
+        self.give_back_kept();
+        for pcp in self.pcp.iter() {
+            lock_slot(pcp).drain();
         }
     }
 
-    /// A kept block goes back to the manager as if its owner freed it now.
-    fn give_back(&self, mut kept: Kept) {
-        let block = kept.alloc.block;
-        if let Some(l) = &self.life {
-            l.map.freed(block, block.order.pages());
-        }
-        // The claim goes before the manager may touch the block.
-        kept.bytes.release();
-        match self.mm.free(block, FreeHint::Dirty) {
-            Ok(()) => {
-                if let Some(l) = &self.life {
-                    l.after_free(block, FreeHint::Dirty);
-                }
+    /// Gives the kept blocks back to the manager as if their owners freed them now.
+    fn give_back_kept(&self) {
+        for held in kept::take_all(self) {
+            let block = held.alloc.block();
+            let mut bytes = held.bytes;
+            if let Some(l) = &self.life {
+                l.map.freed(block, block.order.pages());
             }
-            Err(e) => tracing::error!(%e, %block, "giving a kept block back failed"),
+            // The claim goes before the manager may touch the block.
+            bytes.release();
+            match self.mm.free(block, FreeHint::Dirty) {
+                Ok(()) => {
+                    if let Some(l) = &self.life {
+                        l.after_free(block, FreeHint::Dirty);
+                    }
+                }
+                Err(e) => tracing::error!(%e, %block, "giving a kept block back failed"),
+            }
         }
     }
 
@@ -288,12 +265,11 @@ impl ThreadCaches {
     pub(crate) fn stats(&self) -> Stats {
         self.drain();
         let mut stats = self.mm.stats();
-        for slot in self.slots.iter() {
-            let slot = lock_slot(slot);
-            for list in 0..KEPT_LISTS {
-                let o = list_order(list).index();
-                stats.allocs[o] += slot.kept_allocs[list];
-                stats.frees[o] += slot.kept_frees[list];
+        for c in self.counters.iter() {
+            for list in 0..kept::LISTS {
+                let o = kept::list_order(list).index();
+                stats.allocs[o] += c.allocs[list].load(Relaxed);
+                stats.frees[o] += c.frees[list].load(Relaxed);
             }
         }
         stats
@@ -301,9 +277,9 @@ impl ThreadCaches {
 
     /// Bytes freed into kept lists (not counted by the zero map).
     pub(crate) fn kept_freed_bytes(&self) -> u64 {
-        self.slots
+        self.counters
             .iter()
-            .map(|s| lock_slot(s).kept_freed_bytes)
+            .map(|c| c.freed_bytes.load(Relaxed))
             .sum()
     }
 }
@@ -315,7 +291,7 @@ impl Drop for ThreadCaches {
 }
 
 /// Takes `slot`, waiting out its holder (who holds it for one cache operation).
-fn lock_slot(slot: &TryLock<Slot>) -> Locked<'_, Slot> {
+pub(crate) fn lock_slot<T>(slot: &TryLock<T>) -> Locked<'_, T> {
     loop {
         if let Some(s) = slot.try_lock() {
             return s;
@@ -332,13 +308,13 @@ impl ReportingHooks for ThreadCaches {
         self.mm.zone_count()
     }
     fn max_order(&self) -> Order {
-        self.mm.max_order()
+        ReportingHooks::max_order(&*self.mm)
     }
     fn zone_free_pages(&self, zone: ZoneId) -> u64 {
-        self.mm.zone_free_pages(zone)
+        ReportingHooks::zone_free_pages(&*self.mm, zone)
     }
     fn zone_low_watermark(&self, zone: ZoneId) -> u64 {
-        self.mm.zone_low_watermark(zone)
+        ReportingHooks::zone_low_watermark(&*self.mm, zone)
     }
     fn nr_free(&self, zone: ZoneId, order: Order) -> u64 {
         ReportingHooks::nr_free(&*self.mm, zone, order)
@@ -351,15 +327,21 @@ impl ReportingHooks for ThreadCaches {
         max: usize,
         out: &mut Vec<Block>,
     ) {
-        self.mm.isolate(zone, order, wanted, max, out);
+        ReportingHooks::isolate(&*self.mm, zone, order, wanted, max, out);
     }
     fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError> {
         ReportingHooks::put_back(&*self.mm, block, how)
     }
     fn reportable_allocs(&self) -> u64 {
-        self.mm.reportable_allocs()
+        ReportingHooks::reportable_allocs(&*self.mm)
     }
     fn before_pass(&self) {
-        self.drain();
+        // Serialized with `close`: until it has run, the owner's handles hold references,
+        // so the kept blocks' references dropped here are not the last (the last would
+        // drop the reporter, which joins this very thread).
+        let _serial = lock(&self.giving_back);
+        if !self.is_closed() {
+            self.drain();
+        }
     }
 }

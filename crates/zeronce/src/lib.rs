@@ -44,11 +44,13 @@ mod caches;
 mod claimed;
 mod error;
 pub mod global;
+mod kept;
 mod managed;
 mod policy;
 pub mod process;
 mod threads;
 pub mod vm;
+mod words;
 mod zeroing;
 
 pub use global::{ProcessBackend, ZeronceAlloc};

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use zeronce_mem::{DiscardOp, SharedRam};
 use zeronce_mm::reporting::{Reporter, ReportingConfig, ReportingConfigError, ReportingDevice};
 use zeronce_mm::{
-    AllocError, AllocRequest, Allocation, Block, ConfigError, FreeError, FreeHint, FreeState,
-    MemoryManager, MmConfig, Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
+    AllocRequest, Allocation, Block, ConfigError, FreeHint, FreeState, MemoryManager, MmConfig,
+    Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
 
-use crate::caches::{Kept, ThreadCaches};
+use crate::caches::ThreadCaches;
 use crate::claimed::ClaimedBytes;
 use crate::error::Error;
+use crate::kept;
 use crate::threads::PerThread;
+use crate::words::AllocWords;
 use crate::zeroing::background::BackgroundZeroer;
 use crate::zeroing::zeromap::{Site, ZeroMap};
 use crate::zeroing::RamZeroer;
@@ -157,20 +159,6 @@ pub(crate) trait BlockOwner: Send + Sync {
     fn mm(&self) -> &MemoryManager;
     fn ram(&self) -> &Arc<SharedRam>;
     fn life(&self) -> Option<&Lifecycle>;
-    /// Allocates through the per-thread caches; a zero-request zeroes only the first
-    /// `used_pages` pages.
-    fn alloc(
-        &self,
-        order: Order,
-        req: AllocRequest,
-        used_pages: u64,
-    ) -> Result<Allocation, AllocError>;
-    /// Frees through the per-thread caches.
-    fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError>;
-    /// A block freed dirty and kept for the calling thread (see [`ThreadCaches`]).
-    fn take_kept(&self, order: Order) -> Option<Kept>;
-    /// Keeps a block freed dirty for the calling thread; back when it is not kept.
-    fn keep(&self, kept: Kept) -> Result<(), Kept>;
 }
 
 impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
@@ -183,57 +171,78 @@ impl<D: ReportingDevice + 'static> BlockOwner for ManagedMemory<D> {
     fn life(&self) -> Option<&Lifecycle> {
         self.life.as_deref()
     }
-    fn alloc(
-        &self,
-        order: Order,
-        req: AllocRequest,
-        used_pages: u64,
-    ) -> Result<Allocation, AllocError> {
-        self.caches.alloc(order, req, used_pages)
-    }
-    fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
-        self.caches.free(block, hint)
-    }
-    fn take_kept(&self, order: Order) -> Option<Kept> {
-        self.caches.take_kept(order)
-    }
-    fn keep(&self, kept: Kept) -> Result<(), Kept> {
-        self.caches.keep(kept)
-    }
 }
 
-/// What a [`PageBlock`] holds of its owner: one of the owner's [`Owners`].
+/// What a [`PageBlock`] holds of its owner: one of the owner's [`Owners`], with the
+/// owner's caches at hand (no dynamic call on the fast path).
 #[repr(align(128))]
-pub(crate) struct OwnerRef(Arc<dyn BlockOwner>);
+pub(crate) struct OwnerRef {
+    owner: Arc<dyn BlockOwner>,
+    caches: Arc<ThreadCaches>,
+    /// The owner's `init_on_alloc` / `init_on_free` (no dynamic call on the fast path).
+    init_on_alloc: bool,
+    init_on_free: bool,
+}
+
+impl OwnerRef {
+    /// The owner's fast path (its identity, too: one per owner).
+    #[inline]
+    pub(crate) fn caches(&self) -> &ThreadCaches {
+        &self.caches
+    }
+
+    /// Whether `other` refers to the same owner.
+    #[inline]
+    pub(crate) fn same_owner(&self, other: &OwnerRef) -> bool {
+        Arc::ptr_eq(&self.caches, &other.caches)
+    }
+}
 
 impl std::ops::Deref for OwnerRef {
     type Target = dyn BlockOwner;
     fn deref(&self) -> &Self::Target {
-        &*self.0
+        &*self.owner
     }
 }
 
 /// References to one owner, one per [`PerThread`] slot, each in an allocation and on a
 /// cache line of its own: a block takes a reference on the allocating thread's and drops
-/// it at free, so threads allocating and freeing at the same time do not all count on one
-/// shared reference count.
+/// it at free (unless it moves in and out of a kept list with the block), so threads
+/// allocating and freeing at the same time do not all count on one shared reference
+/// count. The handles of the owner ([`crate::ProcessMemory`], [`crate::VmMemory`]) share
+/// one; when the last handle goes, the owner closes (see [`crate::kept`]).
 pub(crate) struct Owners(PerThread<Arc<OwnerRef>>);
 
 impl Owners {
-    /// References to `owner`.
-    pub(crate) fn new(owner: &Arc<dyn BlockOwner>) -> Arc<Owners> {
+    /// References to `owner`, whose fast path is `caches`.
+    pub(crate) fn new(owner: &Arc<dyn BlockOwner>, caches: &Arc<ThreadCaches>) -> Arc<Owners> {
         Arc::new(Owners(PerThread::new(|| {
-            Arc::new(OwnerRef(Arc::clone(owner)))
+            let life = owner.life();
+            Arc::new(OwnerRef {
+                owner: Arc::clone(owner),
+                caches: Arc::clone(caches),
+                init_on_alloc: life.is_some_and(|l| l.init_on_alloc),
+                init_on_free: life.is_some_and(|l| l.init_on_free),
+            })
         })))
     }
 
-    /// A reference for a block the calling thread allocates.
-    fn mine(&self) -> Arc<OwnerRef> {
-        Arc::clone(self.0.mine())
+    /// The calling thread's reference.
+    #[inline]
+    fn mine(&self) -> &Arc<OwnerRef> {
+        self.0.mine()
+    }
+}
+
+impl Drop for Owners {
+    fn drop(&mut self) {
+        // The last handle is gone: kept blocks must not keep the owner alive.
+        self.mine().caches().close();
     }
 }
 
 /// Allocates a block of `order` from `owners` and claims its bytes.
+#[inline]
 pub(crate) fn alloc_block(
     owners: &Owners,
     order: Order,
@@ -244,29 +253,37 @@ pub(crate) fn alloc_block(
 
 /// [`alloc_block`] for a caller using only the first `used_pages` pages: a zero-request
 /// zeroes only those.
+#[inline]
 pub(crate) fn alloc_prefix(
     owners: &Owners,
     order: Order,
     mut req: AllocRequest,
     used_pages: u64,
 ) -> Result<PageBlock, Error> {
-    let owner = owners.mine();
-    let life = owner.life();
-    if life.is_some_and(|l| l.init_on_alloc) {
-        req.zeroed = true;
-    }
+    let mine = owners.mine();
+    req.zeroed |= mine.init_on_alloc;
     if !req.zeroed {
-        if let Some(Kept { alloc, bytes }) = owner.take_kept(order) {
-            // Allocated and claimed all along, and its chunk stayed `Used` (the block is
-            // smaller than a chunk): nothing to wait for or claim.
-            return Ok(PageBlock {
-                owner,
-                alloc,
-                bytes,
-            });
+        // The fast path, inlined into the caller so the block is built where it goes:
+        // allocated and claimed all along, and its chunks stayed `Used`, so nothing to
+        // wait for or claim.
+        if let Some(held) = kept::take(mine, order) {
+            return Ok(PageBlock { held: Some(held) });
         }
     }
-    let alloc = owner.alloc(order, req, used_pages)?;
+    alloc_slow(mine, order, req, used_pages)
+}
+
+/// [`alloc_prefix`] past the small kept blocks.
+#[inline(never)]
+fn alloc_slow(
+    mine: &Arc<OwnerRef>,
+    order: Order,
+    req: AllocRequest,
+    used_pages: u64,
+) -> Result<PageBlock, Error> {
+    let life = mine.life();
+    let owner = Arc::clone(mine);
+    let alloc = owner.caches().alloc(order, req, used_pages)?;
     if let Some(l) = life {
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
         l.map.handed_out(alloc.block);
@@ -275,54 +292,85 @@ pub(crate) fn alloc_prefix(
         Ok(b) => b,
         Err(e) => {
             // Give the block back before reporting the bug.
-            let _ = owner.free(alloc.block, FreeHint::Dirty);
+            let _ = owner.caches().free(alloc.block, FreeHint::Dirty);
             return Err(e.into());
         }
     };
-    Ok(PageBlock {
-        owner,
-        alloc,
-        bytes,
-    })
+    Ok(PageBlock::new(owner, alloc, bytes))
+}
+
+/// What an allocated [`PageBlock`] holds; a kept block is one of these in a kept list (so
+/// taking one back moves it as it is).
+pub(crate) struct Held {
+    pub(crate) owner: Arc<OwnerRef>,
+    /// The allocation, in words (see [`crate::words`]).
+    pub(crate) alloc: AllocWords,
+    /// Empty once freed.
+    pub(crate) bytes: ClaimedBytes,
 }
 
 /// An allocated block of a [`crate::ProcessMemory`] or [`crate::VmMemory`]: owns its
 /// bytes; freed on drop (or with [`PageBlock::free`], which reports errors).
 pub struct PageBlock {
-    owner: Arc<OwnerRef>,
-    alloc: Allocation,
-    /// Empty once freed.
-    bytes: ClaimedBytes,
+    /// `None` only while it is being freed (every method taking `&self` runs before).
+    held: Option<Held>,
 }
 
 impl PageBlock {
+    fn new(owner: Arc<OwnerRef>, alloc: Allocation, bytes: ClaimedBytes) -> PageBlock {
+        PageBlock {
+            held: Some(Held {
+                owner,
+                alloc: AllocWords::new(&alloc),
+                bytes,
+            }),
+        }
+    }
+
+    #[inline]
+    fn held(&self) -> &Held {
+        match &self.held {
+            Some(h) => h,
+            None => unreachable!("a block is used only before it is freed"),
+        }
+    }
+
+    #[inline]
+    fn held_mut(&mut self) -> &mut Held {
+        match &mut self.held {
+            Some(h) => h,
+            None => unreachable!("a block is used only before it is freed"),
+        }
+    }
+
     /// The block.
     pub fn block(&self) -> Block {
-        self.alloc.block
+        self.held().alloc.block()
     }
 
     /// How it was allocated (zeroing done or skipped, prior free state).
-    pub fn allocation(&self) -> &Allocation {
-        &self.alloc
+    pub fn allocation(&self) -> Allocation {
+        self.held().alloc.get()
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.bytes.as_slice()
+        self.held().bytes.as_slice()
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.bytes.as_mut_slice()
+        self.held_mut().bytes.as_mut_slice()
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
     /// the block in for writing.
     pub fn touch(&mut self, stride: usize) {
-        self.bytes.touch(stride);
+        self.held_mut().bytes.touch(stride);
     }
 
     /// Frees the block (contents unknown).
+    #[inline]
     pub fn free(mut self) -> Result<(), Error> {
         self.release(FreeHint::Dirty)
     }
@@ -336,30 +384,31 @@ impl PageBlock {
     /// Discards the pages from `from_page` to the end of the block (their backing goes,
     /// they read zero afterwards when the backing guarantees it: returned).
     pub(crate) fn discard_tail(&mut self, from_page: u64) -> Result<bool, Error> {
-        let pages = self.alloc.block.order.pages();
+        let held = self.held_mut();
+        let pages = held.alloc.block().order.pages();
         if from_page >= pages {
             return Ok(true);
         }
-        let op = DiscardOp::best_for(self.owner.ram().backing());
+        let op = DiscardOp::best_for(held.owner.ram().backing());
         let start = (from_page * PAGE_SIZE) as usize;
         let len = ((pages - from_page) * PAGE_SIZE) as usize;
-        Ok(self.bytes.discard_part(start, len, op)?.is_zeroed())
+        Ok(held.bytes.discard_part(start, len, op)?.is_zeroed())
     }
 
     /// Grows the block in place to `order` when its upper buddies are free; whether it
     /// did (the grown part's contents are unspecified).
     pub(crate) fn grow_in_place(&mut self, order: Order) -> Result<bool, Error> {
-        let old = self.alloc.block;
-        let Some(grown) = self.owner.mm().grow_in_place(old, order)? else {
+        let held = self.held_mut();
+        let Some(grown) = held.owner.mm().grow_in_place(held.alloc.block(), order)? else {
             return Ok(false);
         };
-        if let Some(l) = self.owner.life() {
+        if let Some(l) = held.owner.life() {
             l.map.handed_out(grown);
         }
-        self.alloc.block = grown;
+        held.alloc = held.alloc.with_block(grown);
         // The claim follows the block: the old bytes' claim ends, the grown block's begins.
-        self.bytes.release();
-        self.bytes = ClaimedBytes::claim(self.owner.ram(), grown.pfn, grown.order)?;
+        held.bytes.release();
+        held.bytes = ClaimedBytes::claim(held.owner.ram(), grown.pfn, grown.order)?;
         Ok(true)
     }
 
@@ -369,66 +418,100 @@ impl PageBlock {
         self.release_with(FreeHint::Dirty, zero_from)
     }
 
+    #[inline]
     fn release(&mut self, hint: FreeHint) -> Result<(), Error> {
-        self.release_with(hint, self.alloc.block.order.pages())
+        self.release_with(hint, u64::MAX)
     }
 
-    /// Frees with `hint`, the pages from `zero_from` on known to read zero.
-    fn release_with(&mut self, mut hint: FreeHint, zero_from: u64) -> Result<(), Error> {
-        if !self.bytes.is_claimed() {
+    /// Frees with `hint`, the pages from `zero_from` on known to read zero; on an error
+    /// the block stays this handle's. The fast path (a small block kept for this thread)
+    /// is inlined into the caller.
+    #[inline]
+    fn release_with(&mut self, hint: FreeHint, zero_from: u64) -> Result<(), Error> {
+        let Some(held) = self.held.take() else {
+            return Ok(());
+        };
+        if hint == FreeHint::Dirty && !held.owner.init_on_free && held.bytes.is_claimed() {
+            // Kept for the next allocation on this thread: still allocated and claimed,
+            // its chunks untouched (a vouched-for zero tail is forgotten: it may be
+            // written again before the block reaches the manager).
+            match kept::keep(held) {
+                Ok(()) => Ok(()),
+                Err(held) => self.release_slow(held, hint, zero_from),
+            }
+        } else {
+            self.release_slow(held, hint, zero_from)
+        }
+    }
+
+    /// [`PageBlock::release_with`] past the small kept blocks.
+    #[inline(never)]
+    fn release_slow(
+        &mut self,
+        mut held: Held,
+        mut hint: FreeHint,
+        zero_from: u64,
+    ) -> Result<(), Error> {
+        if !held.bytes.is_claimed() {
+            // A failed free left it without its bytes: nothing more to do.
+            self.held = Some(held);
             return Ok(());
         }
-        let block = self.alloc.block;
-        let life = self.owner.life();
-        if let Some(l) = life {
+        let block = held.alloc.block();
+        if let Some(l) = held.owner.life() {
             if l.init_on_free && hint == FreeHint::Dirty {
-                self.bytes.zero();
+                held.bytes.zero();
                 l.map.count_zeroed(Site::AtFree, block.order.bytes());
                 hint = FreeHint::KnownZero;
             }
         }
-        if hint == FreeHint::Dirty {
-            // Kept for the next allocation on this thread: still allocated and claimed,
-            // its chunks untouched (a vouched-for zero tail is forgotten: it may be
-            // written again before the block reaches the manager).
-            let kept = Kept {
-                alloc: self.alloc,
-                bytes: std::mem::take(&mut self.bytes),
-            };
-            match self.owner.keep(kept) {
-                Ok(()) => return Ok(()),
-                Err(kept) => self.bytes = kept.bytes,
-            }
+        let zero_from = zero_from.min(block.order.pages());
+        let result = free_to_owner(&held.owner, &mut held.bytes, block, hint, zero_from);
+        if result.is_err() {
+            self.held = Some(held);
         }
-        if let Some(l) = life {
-            l.map.count_freed(block.order.bytes());
-            // While the block is still ours: a zeroer must not see it free before this.
-            let zero_from = if hint == FreeHint::KnownZero {
-                0
-            } else {
-                zero_from
-            };
-            l.map.freed(block, zero_from);
+        result
+    }
+}
+
+/// Frees `block` of `owner` with `hint`, its claimed `bytes` released first; the pages
+/// from `zero_from` on known to read zero. On a failed known-zero free the bytes are
+/// claimed again (the block is still allocated).
+fn free_to_owner(
+    owner: &OwnerRef,
+    bytes: &mut ClaimedBytes,
+    block: Block,
+    hint: FreeHint,
+    zero_from: u64,
+) -> Result<(), Error> {
+    let life = owner.life();
+    if let Some(l) = life {
+        l.map.count_freed(block.order.bytes());
+        // While the block is still ours: a zeroer must not see it free before this.
+        let zero_from = if hint == FreeHint::KnownZero {
+            0
+        } else {
+            zero_from
+        };
+        l.map.freed(block, zero_from);
+    }
+    // Our claim must go before the manager (or the verify read) can touch the block.
+    bytes.release();
+    match owner.caches().free(block, hint) {
+        Ok(()) => {
+            if let Some(l) = life {
+                l.after_free(block, hint);
+            }
+            Ok(())
         }
-        // Our claim must go before the manager (or the verify read) can touch the block.
-        self.bytes.release();
-        match self.owner.free(block, hint) {
-            Ok(()) => {
-                if let Some(l) = self.owner.life() {
-                    l.after_free(block, hint);
+        Err(e) => {
+            if hint == FreeHint::KnownZero {
+                // Still ours: take the bytes back so drop frees it dirty.
+                if let Ok(b) = ClaimedBytes::claim(owner.ram(), block.pfn, block.order) {
+                    *bytes = b;
                 }
-                Ok(())
             }
-            Err(e) => {
-                if hint == FreeHint::KnownZero {
-                    // Still ours: take the bytes back so drop frees it dirty.
-                    let b = self.alloc.block;
-                    if let Ok(bytes) = ClaimedBytes::claim(self.owner.ram(), b.pfn, b.order) {
-                        self.bytes = bytes;
-                    }
-                }
-                Err(e.into())
-            }
+            Err(e.into())
         }
     }
 }
@@ -436,7 +519,7 @@ impl PageBlock {
 impl Drop for PageBlock {
     fn drop(&mut self) {
         if let Err(e) = self.release(FreeHint::Dirty) {
-            tracing::error!(%e, block = %self.alloc.block, "freeing a block on drop failed");
+            tracing::error!(%e, block = %self.block(), "freeing a block on drop failed");
         }
     }
 }

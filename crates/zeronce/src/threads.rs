@@ -3,12 +3,16 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
 
 thread_local! {
     /// Set on zeronce's own threads (reporting worker, background zeroers).
     static INTERNAL: Cell<bool> = const { Cell::new(false) };
     /// This thread's number (see [`thread_number`]), given back when the thread ends.
     static NUMBER: Number = Number::take();
+    /// This thread's slot once known (see [`slot_index`]): a plain thread-local read on
+    /// the fast path, where [`NUMBER`] (which has a destructor) costs a registration check.
+    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 /// Marks the calling thread as one of zeronce's own (see [`is_internal_thread`]).
@@ -24,7 +28,7 @@ pub fn is_internal_thread() -> bool {
 }
 
 /// Thread numbers handed out: at most this many (the most [`PerThread`] slots).
-const NUMBERS: usize = 64;
+pub(crate) const NUMBERS: usize = 64;
 
 /// Live threads holding each number.
 static LIVE: [AtomicUsize; NUMBERS] = [const { AtomicUsize::new(0) }; NUMBERS];
@@ -55,34 +59,68 @@ fn thread_number() -> usize {
     NUMBER.try_with(|n| n.0).unwrap_or(0)
 }
 
+/// Slots of per-thread data: one per CPU this process may run on, rounded up to a power
+/// of two, at most [`NUMBERS`]. Fixed at first use, so every [`PerThread`] agrees on which
+/// slot a thread uses (see [`slot_index`]).
+fn slot_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get().min(NUMBERS))
+            .next_power_of_two()
+    })
+}
+
+/// The calling thread's slot, below [`slot_count`]: the same in every [`PerThread`], so one
+/// lock held on a slot of one serializes the calling threads' use of that slot of others.
+#[inline]
+pub(crate) fn slot_index() -> usize {
+    let cached = SLOT.try_with(Cell::get).unwrap_or(usize::MAX);
+    if cached != usize::MAX {
+        return cached;
+    }
+    // The count is a power of two: a mask instead of a division.
+    let slot = thread_number() & (slot_count() - 1);
+    // Not while the thread ends (its number may be given back already).
+    if NUMBER.try_with(|_| ()).is_ok() {
+        let _ = SLOT.try_with(|c| c.set(slot));
+    }
+    slot
+}
+
 /// A value on a cache line of its own.
 #[repr(align(128))]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
-/// One `T` per CPU this process may run on (rounded up to a power of two, at most
-/// [`NUMBERS`]), each on its own cache line. A thread always uses the same one and live
-/// threads are spread over them, so threads rarely share a line, as with Linux's per-CPU
-/// data.
+/// One `T` per slot (per CPU this process may run on), each on its own cache line. A thread
+/// always uses the same one and live threads are spread over them, so threads rarely share
+/// a line, as with Linux's per-CPU data.
 pub(crate) struct PerThread<T> {
     slots: Box<[Padded<T>]>,
 }
 
 impl<T> PerThread<T> {
-    /// One value per CPU, each made by `make`.
+    /// One value per slot, each made by `make`.
     pub(crate) fn new(mut make: impl FnMut() -> T) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(NUMBERS));
         PerThread {
-            slots: (0..cpus.next_power_of_two())
-                .map(|_| Padded(make()))
-                .collect(),
+            slots: (0..slot_count()).map(|_| Padded(make())).collect(),
         }
     }
 
     /// The calling thread's value.
     #[inline]
     pub(crate) fn mine(&self) -> &T {
-        // The length is a power of two: a mask instead of a division.
-        &self.slots[thread_number() & (self.slots.len() - 1)].0
+        &self.slots[slot_index()].0
+    }
+
+    /// The value of slot `i` (below the slot count).
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.slots.get(i).map(|p| &p.0)
+    }
+
+    /// The number of slots.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// Every value.

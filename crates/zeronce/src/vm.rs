@@ -315,14 +315,14 @@ impl VmBuilder {
             "VM mode ready"
         );
         let inner = Arc::new(ManagedMemory {
-            caches,
+            caches: Arc::clone(&caches),
             life: None,
             reporter: Some(reporter),
             mm,
             ram,
         });
         Ok(VmMemory {
-            owners: Owners::new(&(Arc::clone(&inner) as _)),
+            owners: Owners::new(&(Arc::clone(&inner) as _), &caches),
             inner,
             metrics,
             negotiated,
@@ -391,6 +391,7 @@ impl VmMemory {
     }
 
     /// Allocates a block of `order` (`2^order` pages); contents unspecified.
+    #[inline]
     pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
         self.alloc_with(order, AllocRequest::DIRTY)
     }
@@ -406,6 +407,7 @@ impl VmMemory {
     /// report), the allocation waits for those reports to complete (each is bounded by the
     /// driver's timeout), for at most [`IN_FLIGHT_WAIT`] in all, and tries again; then
     /// it fails with [`AllocError::OutOfMemory`](zeronce_mm::AllocError::OutOfMemory).
+    #[inline]
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
         let deadline = zeronce_mem::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
         retry_while_in_flight(

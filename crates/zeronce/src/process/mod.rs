@@ -193,14 +193,14 @@ impl Builder {
             }
         };
         let inner = Arc::new(ManagedMemory {
-            caches,
+            caches: Arc::clone(&caches),
             life: Some(life),
             reporter,
             mm,
             ram,
         });
         Ok(ProcessMemory {
-            owners: Owners::new(&(Arc::clone(&inner) as _)),
+            owners: Owners::new(&(Arc::clone(&inner) as _), &caches),
             inner,
         })
     }
@@ -244,6 +244,7 @@ impl ProcessMemory {
     }
 
     /// Allocates a block of `order` (`2^order` pages); contents unspecified.
+    #[inline]
     pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
         self.alloc_with(order, AllocRequest::DIRTY)
     }
@@ -254,6 +255,7 @@ impl ProcessMemory {
     }
 
     /// Allocates with an explicit request (zeroing, hint page).
+    #[inline]
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
         managed::alloc_block(&self.owners, order, req)
     }

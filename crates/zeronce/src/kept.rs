@@ -96,8 +96,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
     }
     caches.count_kept_free(slot_index(), list, order);
     // What the next owner gets: a dirty block, not zeroed for it (written only when it
-    // differs: a block kept before already says so, and narrow stores read back by the
-    // wide copies of the move would stall store forwarding).
+    // differs: a block kept before already says so, and the line stays clean).
     let reused = entry.alloc.reused();
     if entry.alloc != reused {
         entry.alloc = reused;
@@ -105,7 +104,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
     if order > PCP_MAX_ORDER {
         // Schedules a reporting pass (which gives the block back first) as its free to
         // the zone would have; the pass comes after the reporting delay.
-        entry.owner.caches().kept_block(order);
+        caches.kept_block(order);
     }
     lists[list].push(entry);
     Ok(())

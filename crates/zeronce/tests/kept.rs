@@ -1,0 +1,183 @@
+//! The fast path's kept blocks (docs/ARCHITECTURE.md, "The fast path"): a block freed
+//! dirty stays allocated and claimed on its thread's slot and is handed to the next
+//! allocation of its order there; it goes back to the manager before reporting passes and
+//! when the owner's last handle goes, and never crosses owners.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use zeronce::zeronce_mem::{BackingKind, SharedRam};
+use zeronce::zeronce_mm::reporting::ReportingConfig;
+use zeronce::zeronce_mm::Zeroing;
+use zeronce::{HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+
+/// Large enough that 2 MiB blocks are kept too (a slot keeps at most 1/64 of the memory);
+/// never touched beyond what the tests write.
+const SIZE: usize = 1 << 30;
+
+fn order(o: u8) -> Order {
+    Order::new(o).unwrap()
+}
+
+fn plain() -> ProcessMemory {
+    ProcessMemory::builder()
+        .size(SIZE)
+        .no_reporting()
+        .verify(true)
+        .build()
+        .unwrap()
+}
+
+/// Whether the block's bytes lie in `pm`'s RAM.
+fn inside(pm: &ProcessMemory, b: &PageBlock) -> bool {
+    let (base, len) = (pm.ram().base_addr(), pm.ram().len());
+    let at = b.as_slice().as_ptr() as usize;
+    at >= base && at + b.as_slice().len() <= base + len
+}
+
+#[test]
+fn a_block_freed_dirty_comes_back_to_its_thread_without_the_manager() {
+    let pm = plain();
+    for o in [order(0), order(3), order(9)] {
+        let mut b = pm.alloc(o).unwrap();
+        b.as_mut_slice().fill(0x5a);
+        let block = b.block();
+        b.free().unwrap();
+        let manager_allocs = pm.manager().stats().allocs[o.index()];
+        let again = pm.alloc(o).unwrap();
+        assert_eq!(again.block(), block, "order {o}: not the kept block");
+        assert_eq!(again.allocation().zeroing, Zeroing::NotRequested);
+        assert!(!again.allocation().prior.known_zero);
+        assert_eq!(
+            pm.manager().stats().allocs[o.index()],
+            manager_allocs,
+            "order {o}: the kept block went through the manager"
+        );
+        // A zero-request never gets a kept (dirty) block: verify mode checks it reads zero.
+        let z = pm.alloc_zeroed(o).unwrap();
+        assert_ne!(z.block(), block);
+        assert!(z.as_slice().iter().all(|&x| x == 0));
+        drop((again, z));
+        let s = pm.stats().mm;
+        assert_eq!(
+            (s.allocs[o.index()], s.frees[o.index()]),
+            (3, 3),
+            "order {o}"
+        );
+        assert_eq!(
+            (s.allocated_pages, s.cached_pages, s.verify_failures),
+            (0, 0, 0)
+        );
+    }
+    pm.manager().check_invariants().unwrap();
+}
+
+#[test]
+fn the_last_handle_gives_kept_blocks_back_and_the_memory_goes() {
+    let pm = plain();
+    let ram: Weak<SharedRam> = Arc::downgrade(pm.ram());
+    let clone = pm.clone();
+    for o in [order(0), order(2), order(9)] {
+        let blocks: Vec<_> = (0..4).map(|_| clone.alloc(o).unwrap()).collect();
+        drop(blocks);
+    }
+    // A block outliving every handle: freed afterwards, it is not kept for a closed owner.
+    let survivor = pm.alloc(order(0)).unwrap();
+    drop(pm);
+    assert!(ram.upgrade().is_some(), "a handle is left");
+    drop(clone);
+    assert!(ram.upgrade().is_some(), "a block is left");
+    survivor.free().unwrap();
+    assert!(
+        ram.upgrade().is_none(),
+        "kept blocks kept the memory alive after the last handle and block"
+    );
+}
+
+#[test]
+fn owners_on_one_thread_never_get_each_others_blocks() {
+    let (a, b) = (plain(), plain());
+    for round in 0..50u8 {
+        for o in [order(0), order(1), order(9)] {
+            let mine = [a.alloc(o).unwrap(), b.alloc(o).unwrap()];
+            assert!(
+                inside(&a, &mine[0]) && inside(&b, &mine[1]),
+                "round {round}"
+            );
+            // Freed in the other order, so each owner's most recent kept block is the
+            // other owner's on the next allocation.
+            let [x, y] = mine;
+            drop(y);
+            drop(x);
+        }
+    }
+    for pm in [&a, &b] {
+        let s = pm.stats().mm;
+        assert_eq!(s.allocs.iter().sum::<u64>(), 150);
+        assert_eq!(s.frees.iter().sum::<u64>(), 150);
+        assert_eq!(s.allocated_pages, 0);
+        pm.manager().check_invariants().unwrap();
+    }
+}
+
+fn reporting(delay: Duration) -> ProcessMemory {
+    ProcessMemory::builder()
+        .size(SIZE)
+        .backing(BackingKind::Anonymous { thp: true })
+        .reporting(ReportingSetup {
+            config: ReportingConfig {
+                delay,
+                watermark_gate: false,
+                ..ReportingConfig::default()
+            },
+            policy: HostPolicy::Immediate,
+            zero_hints: true,
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_kept_huge_block_is_given_back_and_reported_after_the_delay() {
+    let pm = reporting(Duration::from_millis(20));
+    let mut b = pm.alloc(order(9)).unwrap();
+    b.as_mut_slice().fill(1);
+    let block = b.block();
+    drop(b);
+    assert!(pm.resident_bytes() >= 2 << 20, "the kept block is resident");
+    // Bounded wait for the background pass, which gives the kept block back first; the
+    // resident size is read without draining any cache.
+    let mut left = true;
+    for _ in 0..2000 {
+        if pm.resident_bytes() < 2 << 20 {
+            left = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!left, "the kept block was never reported");
+    let again = pm.alloc_zeroed(order(9)).unwrap();
+    assert!(again.as_slice().iter().all(|&x| x == 0));
+    assert!(again.block() == block || again.allocation().zeroing == Zeroing::Skipped);
+}
+
+#[test]
+fn dropping_the_last_handle_during_reporting_passes_neither_hangs_nor_leaks() {
+    for _ in 0..20 {
+        let pm = reporting(Duration::from_millis(1));
+        let ram = Arc::downgrade(pm.ram());
+        let worker = {
+            let pm = pm.clone();
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    let blocks: Vec<_> = [0, 9, 0, 9].map(|o| pm.alloc(order(o)).unwrap()).into();
+                    drop(blocks);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(2));
+        drop(pm);
+        worker.join().unwrap();
+        assert!(ram.upgrade().is_none(), "the memory outlived every handle");
+    }
+}

@@ -41,7 +41,7 @@ use zeronce_mm::{
 use zeronce_types::HUGE_PAGE_2M;
 
 use crate::kept;
-use crate::managed::Lifecycle;
+use crate::managed::{Held, Lifecycle};
 use crate::threads::PerThread;
 
 /// The huge-page order: 2 MiB blocks.
@@ -239,24 +239,29 @@ impl ThreadCaches {
         }
     }
 
-    /// Gives the kept blocks back to the manager as if their owners freed them now.
+    /// Gives the kept blocks back to the manager.
     fn give_back_kept(&self) {
         for held in kept::take_all(self) {
-            let block = held.alloc.block();
-            let mut bytes = held.bytes;
-            if let Some(l) = &self.life {
-                l.map.freed(block, block.order.pages());
-            }
-            // The claim goes before the manager may touch the block.
-            bytes.release();
-            match self.mm.free(block, FreeHint::Dirty) {
-                Ok(()) => {
-                    if let Some(l) = &self.life {
-                        l.after_free(block, FreeHint::Dirty);
-                    }
+            self.give_back(held);
+        }
+    }
+
+    /// Gives a kept block back to the manager as if its owner freed it now.
+    pub(crate) fn give_back(&self, held: Held) {
+        let block = held.alloc.block();
+        let mut bytes = held.bytes;
+        if let Some(l) = &self.life {
+            l.map.freed(block, block.order.pages());
+        }
+        // The claim goes before the manager may touch the block.
+        bytes.release();
+        match self.mm.free(block, FreeHint::Dirty) {
+            Ok(()) => {
+                if let Some(l) = &self.life {
+                    l.after_free(block, FreeHint::Dirty);
                 }
-                Err(e) => tracing::error!(%e, %block, "giving a kept block back failed"),
             }
+            Err(e) => tracing::error!(%e, %block, "giving a kept block back failed"),
         }
     }
 

@@ -67,13 +67,33 @@ fn try_mine() -> Option<Locked<'static, Lists>> {
 /// one of that order is `owner`'s.
 #[inline]
 pub(crate) fn take(owner: &OwnerRef, order: Order) -> Option<Entry> {
+    pop_mine(owner, order, |caches, slot, list| {
+        caches.count_kept_alloc(slot, list)
+    })
+}
+
+/// [`take`] for a block going back to the manager (which counts its free).
+pub(crate) fn take_back(owner: &OwnerRef, order: Order) -> Option<Entry> {
+    pop_mine(owner, order, |caches, slot, list| {
+        caches.uncount_kept_frees(slot, list, 1)
+    })
+}
+
+/// Pops the calling thread's slot's most recent block of `order` if it is `owner`'s,
+/// counting it with `count` (caches, slot, list) under the slot's lock.
+#[inline]
+fn pop_mine(
+    owner: &OwnerRef,
+    order: Order,
+    count: impl FnOnce(&ThreadCaches, usize, usize),
+) -> Option<Entry> {
     let list = list_of(order)?;
     let mut lists = try_mine()?;
     let last = lists[list].last()?;
     if !last.owner.same_owner(owner) {
         return None;
     }
-    last.owner.caches().count_kept_alloc(slot_index(), list);
+    count(last.owner.caches(), slot_index(), list);
     lists[list].pop()
 }
 

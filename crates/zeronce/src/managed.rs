@@ -11,7 +11,7 @@ use zeronce_mm::{
     Order, PageRange, Pfn, ReportedNotZero, DEFAULT_MAX_ORDER, PAGE_SIZE,
 };
 
-use crate::caches::ThreadCaches;
+use crate::caches::{ThreadCaches, HUGE_ORDER};
 use crate::claimed::ClaimedBytes;
 use crate::error::Error;
 use crate::kept;
@@ -282,6 +282,13 @@ fn alloc_slow(
     used_pages: u64,
 ) -> Result<PageBlock, Error> {
     let life = mine.life();
+    if req.zeroed && order == HUGE_ORDER {
+        // The thread's kept huge blocks go back first, so the manager's search order sees
+        // them: resident (a memset) before reported memory (a refault of every page).
+        while let Some(held) = kept::take_back(mine, order) {
+            mine.caches().give_back(held);
+        }
+    }
     let owner = Arc::clone(mine);
     let alloc = owner.caches().alloc(order, req, used_pages)?;
     if let Some(l) = life {

@@ -73,6 +73,26 @@ fn a_block_freed_dirty_comes_back_to_its_thread_without_the_manager() {
 }
 
 #[test]
+fn a_zero_request_takes_a_kept_huge_block_back_before_faulting_fresh_memory() {
+    // The search order of a zero-request puts resident dirty memory (a memset) before
+    // fresh or reported memory (a refault of every page): a kept block is resident.
+    let pm = plain();
+    let mut b = pm.alloc(order(9)).unwrap();
+    b.as_mut_slice().fill(0xaa);
+    let block = b.block();
+    drop(b);
+    let resident = pm.resident_bytes();
+    let z = pm.alloc_zeroed(order(9)).unwrap();
+    assert_eq!(z.block(), block, "faulted fresh memory in instead");
+    assert_eq!(z.allocation().zeroing, Zeroing::Done);
+    assert!(z.as_slice().iter().all(|&x| x == 0));
+    assert!(pm.resident_bytes() <= resident, "RSS grew");
+    drop(z);
+    let s = pm.stats().mm;
+    assert_eq!((s.allocs[9], s.frees[9], s.verify_failures), (2, 2, 0));
+}
+
+#[test]
 fn the_last_handle_gives_kept_blocks_back_and_the_memory_goes() {
     let pm = plain();
     let ram: Weak<SharedRam> = Arc::downgrade(pm.ram());

@@ -116,10 +116,14 @@ fn demo_text_says_when_the_reporting_pass_is_due_and_when_it_came() {
         ),
         "{text}"
     );
-    assert!(
-        line("3. background reporter ran").contains("s after the free"),
-        "{text}"
-    );
+    // Step 3 says in how many passes (at least the one that reported the free).
+    let step3 = line("3. background reporter ran");
+    let passes = step3
+        .split(" s after the free, in ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(passes.is_some_and(|n| n >= 1), "{text}");
 }
 
 #[test]

@@ -27,6 +27,8 @@ trait DemoMemory {
     fn mm_stats(&self) -> Stats;
     /// Bytes held in memory (resident pages, or the memfd's allocated blocks).
     fn resident(&self) -> u64;
+    /// Scheduled reporting passes run so far.
+    fn scheduled_passes(&self) -> u64;
 }
 
 impl DemoMemory for ProcessMemory {
@@ -39,6 +41,9 @@ impl DemoMemory for ProcessMemory {
     fn resident(&self) -> u64 {
         self.resident_bytes()
     }
+    fn scheduled_passes(&self) -> u64 {
+        self.stats().reporting.map_or(0, |r| r.passes)
+    }
 }
 
 impl DemoMemory for VmMemory {
@@ -50,6 +55,9 @@ impl DemoMemory for VmMemory {
     }
     fn resident(&self) -> u64 {
         self.memfd_allocated_bytes()
+    }
+    fn scheduled_passes(&self) -> u64 {
+        self.stats().reporting.passes
     }
 }
 
@@ -116,13 +124,13 @@ fn run_process(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::E
     let resident = mib(pm.resident_bytes());
     out.step(
         format!(
-            "3. background reporter ran        resident {resident:>6} MiB, {:.1} s after the free \
-             (a pass runs {:.1} s after the first request since the last pass: the free, or the \
-             one made at start-up as Linux does at registration; seen by polling every 0.1 s)",
-            settled.as_secs_f64(),
+            "3. background reporter ran        resident {resident:>6} MiB, {} (a pass runs {:.1} s \
+             after the first request since the last pass: the free, or the one made at start-up \
+             as Linux does at registration; seen by polling every 0.1 s)",
+            settled.describe(delay),
             delay.as_secs_f64()
         ),
-        json!({ "step": "reported", "resident_mib": resident, "seconds_after_free": settled.as_secs_f64() }),
+        json!({ "step": "reported", "resident_mib": resident, "seconds_after_free": settled.after.as_secs_f64(), "passes": settled.passes }),
     );
     if let DemoHost::Hold = args.host {
         out.explain(&format!(
@@ -335,12 +343,41 @@ fn ms(d: Duration) -> f64 {
 /// Polls every 100 ms until the reporter has reported what is free or `limit` passed
 /// since `freed_at` (resident memory sampled for the plot); returns the time since
 /// `freed_at`.
+/// How long after the free the reporter had reported it, and in how many passes.
+struct Settled {
+    after: Duration,
+    passes: u64,
+}
+
+impl Settled {
+    /// "N s after the free, in N pass(es)", and why it took more than one.
+    fn describe(&self, delay: Duration) -> String {
+        let more = if self.passes > 1 {
+            format!(
+                "; a pass that spends its budget (Linux's: about 1/16 of each free list; the \
+                 adaptive one's too when blocks were allocated during the delay before it) \
+                 resumes {:.1} s later",
+                delay.as_secs_f64()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{:.1} s after the free, in {} pass{}{more}",
+            self.after.as_secs_f64(),
+            self.passes,
+            if self.passes == 1 { "" } else { "es" }
+        )
+    }
+}
+
 fn wait_for_reporter(
     pm: &impl DemoMemory,
     freed_at: Instant,
     limit: Duration,
     out: &mut Out,
-) -> Duration {
+) -> Settled {
+    let passes_before = pm.scheduled_passes();
     while freed_at.elapsed() < limit {
         out.sample(pm.resident());
         let s = pm.mm_stats();
@@ -351,7 +388,10 @@ fn wait_for_reporter(
         std::thread::sleep(Duration::from_millis(100));
     }
     out.sample(pm.resident());
-    freed_at.elapsed()
+    Settled {
+        after: freed_at.elapsed(),
+        passes: pm.scheduled_passes().saturating_sub(passes_before),
+    }
 }
 
 fn reported_pages(s: &zeronce::zeronce_mm::Stats) -> u64 {

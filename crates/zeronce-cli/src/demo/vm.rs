@@ -118,9 +118,9 @@ pub fn run(args: &DemoArgs, plan: &Plan) -> Result<(), Box<dyn std::error::Error
         &vm,
     );
     out.explain(&format!(
-        "({:.1} s after the free; a pass runs {:.1} s after the first request since the last \
-         pass: the free, or the one made at start-up; seen by polling every 0.1 s)",
-        settled.as_secs_f64(),
+        "({}; a pass runs {:.1} s after the first request since the last pass: the free, or \
+         the one made at start-up; seen by polling every 0.1 s)",
+        settled.describe(reporting.delay),
         reporting.delay.as_secs_f64()
     ));
     device(

@@ -22,7 +22,7 @@
 //! slot: the manager's `pcp_batch_pages` per small order kept, [`KEPT_HUGE_BYTES`] of huge
 //! blocks, the manager's `pcp_high_pages` per order cached), and both go back to the
 //! manager before every reporting pass (see [`ThreadCaches`]'s `ReportingHooks`; keeping
-//! a block of reporting order schedules one, as freeing it to the zone would), when an
+//! a huge block schedules one, as freeing it to the zone could have), when an
 //! allocation would otherwise fail, on [`ThreadCaches::drain`] and when the owner closes.
 //! A kept block goes back as if its owner had freed it then: its chunks become `Dirty` and
 //! the background zeroer is woken. Huge blocks are not kept when a background zeroer
@@ -87,8 +87,7 @@ pub(crate) struct ThreadCaches {
     mm: Arc<MemoryManager>,
     /// The zero-once lifecycle (process mode): kept blocks going back go through it.
     life: Option<Arc<Lifecycle>>,
-    /// Wakes the reporting worker when a block of reporting order or larger is kept (it
-    /// would have been notified had the block gone to the zone), with that order.
+    /// Wakes the reporting worker when a huge block is kept, with the reporting order.
     report: OnceLock<(Notifier, Order)>,
 }
 
@@ -125,7 +124,7 @@ impl ThreadCaches {
         &self.mm
     }
 
-    /// Wakes `notifier` when a block of `order` or larger is kept.
+    /// Wakes `notifier`, whose reporting order is `order`, when a huge block is kept.
     pub(crate) fn set_report_notifier(&self, notifier: Notifier, order: Order) {
         if self.report.set((notifier, order)).is_err() {
             tracing::error!("a second reporting notifier for one cache was ignored");
@@ -219,14 +218,14 @@ impl ThreadCaches {
         }
     }
 
-    /// A block of `order` was kept: what its free to the zone would have done for
-    /// reporting (one atomic load unless the reporting engine is idle).
+    /// A huge block was kept: requests a reporting pass (one atomic load unless the
+    /// reporting engine is idle), which gives it back first. Whatever the reporting order:
+    /// in the zone the block could have merged into a reportable one, and only a pass
+    /// gives it back to merge.
     #[inline]
-    pub(crate) fn kept_block(&self, order: Order) {
+    pub(crate) fn kept_block(&self) {
         if let Some((notifier, reporting)) = self.report.get() {
-            if order >= *reporting {
-                notifier.freed(order);
-            }
+            notifier.freed(*reporting);
         }
     }
 

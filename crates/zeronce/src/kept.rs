@@ -124,7 +124,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
     if order > PCP_MAX_ORDER {
         // Schedules a reporting pass (which gives the block back first) as its free to
         // the zone would have; the pass comes after the reporting delay.
-        caches.kept_block(order);
+        caches.kept_block();
     }
     lists[list].push(entry);
     Ok(())

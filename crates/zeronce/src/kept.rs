@@ -4,9 +4,10 @@
 //! fast path).
 //!
 //! A freed block of order up to [`PCP_MAX_ORDER`], or of the huge-page order, stays
-//! allocated in the manager and claimed, and moves as a whole ([`Entry`]: owner reference, allocation, claimed bytes)
-//! into a list of the freeing thread's slot; the next non-zero allocation of that order on
-//! the slot moves it out again into a new [`crate::PageBlock`]. So taking and keeping a
+//! allocated in the manager and claimed, and moves as a whole ([`Entry`]: owner reference,
+//! allocation, claimed bytes) into a list of the freeing thread's slot; the next non-zero
+//! allocation of that order on the slot moves it out again into a new
+//! [`crate::PageBlock`]. So taking and keeping a
 //! block costs one atomic swap (the slot's try-lock) and no reference counting. The lists
 //! are static (every owner's entries share them) because an owner cannot hold a list its
 //! entries' references are moved into while they are borrowed from it.
@@ -20,7 +21,7 @@
 use try_lock::{Locked, TryLock};
 use zeronce_mm::{Order, PCP_MAX_ORDER};
 
-use crate::caches::{ThreadCaches, HUGE_ORDER};
+use crate::caches::{lock_slot, ThreadCaches, HUGE_ORDER};
 use crate::managed::{Held, OwnerRef};
 use crate::threads::{slot_index, Padded, NUMBERS};
 
@@ -135,12 +136,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
 pub(crate) fn take_all(caches: &ThreadCaches) -> Vec<Entry> {
     let mut out = Vec::new();
     for (i, slot) in SLOTS.iter().enumerate().take(caches.slots()) {
-        let mut lists = loop {
-            if let Some(l) = slot.0.try_lock() {
-                break l;
-            }
-            std::thread::yield_now();
-        };
+        let mut lists = lock_slot(&slot.0);
         for (list, entries) in lists.iter_mut().enumerate() {
             let before = out.len();
             let mut k = 0;

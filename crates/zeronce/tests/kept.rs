@@ -9,7 +9,9 @@ use std::time::Duration;
 use zeronce::zeronce_mem::{BackingKind, SharedRam};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+use zeronce::{
+    CancelToken, HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup, ZeroerConfig,
+};
 
 /// Large enough that 2 MiB blocks are kept too (a slot keeps at most 1/64 of the memory);
 /// never touched beyond what the tests write.
@@ -90,6 +92,30 @@ fn a_zero_request_takes_a_kept_huge_block_back_before_faulting_fresh_memory() {
     drop(z);
     let s = pm.stats().mm;
     assert_eq!((s.allocs[9], s.frees[9], s.verify_failures), (2, 2, 0));
+}
+
+#[test]
+fn prezero_zeroes_kept_huge_blocks_too() {
+    // No zeroer threads: huge blocks are kept, and the caller's prezero must reach them.
+    let pm = ProcessMemory::builder()
+        .size(SIZE)
+        .no_reporting()
+        .verify(true)
+        .background_zeroer(ZeroerConfig {
+            threads: 0,
+            ..ZeroerConfig::default()
+        })
+        .build()
+        .unwrap();
+    let mut b = pm.alloc(order(9)).unwrap();
+    b.as_mut_slice().fill(0xee);
+    drop(b);
+    assert_eq!(pm.prezero(u64::MAX, &CancelToken::new()), 2 << 20);
+    let z = pm.alloc_zeroed(order(9)).unwrap();
+    assert!(z.as_slice().iter().all(|&x| x == 0));
+    // Whatever block it is, nothing was zeroed on the allocation path: the kept block was
+    // zeroed by prezero, the rest never written.
+    assert_eq!(pm.stats().zeroing.alloc_path, 0);
 }
 
 #[test]

@@ -314,7 +314,10 @@ impl ProcessMemory {
     /// stores), up to `max_bytes`, until none is left or `cancel` is cancelled (checked
     /// between 2 MiB chunks); the bytes zeroed. Safe beside allocations and the background
     /// threads: a chunk is written only while free, and an allocation waits for it.
+    /// Blocks in the per-thread caches go back to the allocator first, so freed blocks
+    /// kept there are zeroed too.
     pub fn prezero(&self, max_bytes: u64, cancel: &crate::CancelToken) -> u64 {
+        self.inner.caches.drain();
         let target = Target {
             mm: Arc::clone(&self.inner.mm),
             ram: Arc::clone(&self.inner.ram),

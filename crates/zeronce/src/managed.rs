@@ -493,7 +493,6 @@ fn free_to_owner(
 ) -> Result<(), Error> {
     let life = owner.life();
     if let Some(l) = life {
-        l.map.count_freed(block.order.bytes());
         // While the block is still ours: a zeroer must not see it free before this.
         let zero_from = if hint == FreeHint::KnownZero {
             0
@@ -507,11 +506,17 @@ fn free_to_owner(
     match owner.caches().free(block, hint) {
         Ok(()) => {
             if let Some(l) = life {
+                l.map.count_freed(block.order.bytes());
                 l.after_free(block, hint);
             }
             Ok(())
         }
         Err(e) => {
+            if let Some(l) = life {
+                // Still allocated: the map says so again (in use, every page written), or
+                // a later zero-request would skip pages the holder wrote.
+                l.map.handed_out(block);
+            }
             if hint == FreeHint::KnownZero {
                 // Still ours: take the bytes back so drop frees it dirty.
                 if let Ok(b) = ClaimedBytes::claim(owner.ram(), block.pfn, block.order) {

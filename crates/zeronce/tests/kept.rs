@@ -244,3 +244,25 @@ fn dropping_the_last_handle_during_reporting_passes_neither_hangs_nor_leaks() {
         assert!(ram.upgrade().is_none(), "the memory outlived every handle");
     }
 }
+
+#[test]
+fn a_refused_known_zero_free_leaves_the_block_dirty_and_counted_once() {
+    // Verify mode refuses `free_zeroed` of a block that does not read zero; the block
+    // stays allocated and its handle's drop frees it dirty. That must neither leave its
+    // written bytes looking zero (a later zero-request would skip them) nor count its
+    // bytes freed twice.
+    let pm = plain();
+    for o in [0, 3, 4, 9, 10].map(order) {
+        let freed_before = pm.stats().zeroing.freed;
+        let mut b = pm.alloc(o).unwrap();
+        b.as_mut_slice().fill(0x77);
+        assert!(b.free_zeroed().is_err(), "order {o}: the lie was accepted");
+        let s = pm.stats();
+        assert_eq!(s.zeroing.freed - freed_before, o.bytes(), "order {o}");
+        let z = pm.alloc_zeroed(o).unwrap();
+        assert!(
+            z.as_slice().iter().all(|&x| x == 0),
+            "order {o}: a zero-request read the refused block's bytes"
+        );
+    }
+}

@@ -46,6 +46,17 @@ fn zero_runs_rounds_and_repetitions_are_refused() {
         "'--rounds <ROUNDS>': must be at least 1",
     );
     refused("bench prezero --pages 0", 2, "'--pages <PAGES>'");
+    refused("bench alloc --batch 0", 2, "'--batch <BATCH>': must be at least 1");
+}
+
+#[test]
+fn an_alloc_batch_that_does_not_fit_is_refused_before_measuring() {
+    // 2 threads × 512 blocks of 2 MiB = 2 GiB > the 1 GiB managed.
+    refused(
+        "bench alloc --batch 512 --repetitions 1 --pairs 1",
+        1,
+        "--batch 512: 2 thread(s) of 512 blocks of order 9 do not fit in the 262144 pages",
+    );
 }
 
 #[test]

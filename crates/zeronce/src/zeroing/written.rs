@@ -55,9 +55,15 @@ impl WrittenPages {
     pub(crate) fn mark(&self, range: PageRange, written: bool) {
         for (word, mask) in words(range) {
             let Some(w) = self.0.get(word) else { return };
+            // Only the holder of these pages changes their bits (see the module docs): when
+            // they already say so, a load instead of a locked read-modify-write (a dirty
+            // block handed out again is the common case).
+            let cur = w.load(Acquire);
             if written {
-                w.fetch_or(mask, AcqRel);
-            } else {
+                if cur & mask != mask {
+                    w.fetch_or(mask, AcqRel);
+                }
+            } else if cur & mask != 0 {
                 w.fetch_and(!mask, AcqRel);
             }
         }

@@ -46,7 +46,11 @@ fn zero_runs_rounds_and_repetitions_are_refused() {
         "'--rounds <ROUNDS>': must be at least 1",
     );
     refused("bench prezero --pages 0", 2, "'--pages <PAGES>'");
-    refused("bench alloc --batch 0", 2, "'--batch <BATCH>': must be at least 1");
+    refused(
+        "bench alloc --batch 0",
+        2,
+        "'--batch <BATCH>': must be at least 1",
+    );
 }
 
 #[test]

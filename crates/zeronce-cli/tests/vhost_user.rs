@@ -70,3 +70,60 @@ fn vhost_user_topology_needs_vm_mode() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --mode vm"));
 }
+
+/// A `zeronce serve` killed (SIGKILL) while the guest uses it: the transport sees the
+/// socket hang up, and the next report fails at once with that reason instead of waiting
+/// out the driver's timeout (a minute here: without the hang-up watch the report times
+/// out and the test fails on the reason).
+#[test]
+fn a_back_end_killed_mid_use_fails_the_driver_with_the_reason_not_the_timeout() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use zeronce::zeronce_balloon_driver::DriverOptions;
+    use zeronce::{DeviceHost, Order, ReportingConfig, VmMemory};
+    use zeronce_vhost::child::ServeProcess;
+    use zeronce_vhost::frontend::VhostUserTransport;
+
+    let dir = std::env::temp_dir().join(format!("zeronce-killed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("balloon.sock");
+    let daemon = ServeProcess::spawn(
+        std::path::Path::new(env!("CARGO_BIN_EXE_zeronce")),
+        &socket,
+        &["--zero-hints"],
+    )
+    .unwrap();
+    let s = socket.clone();
+    let vm = VmMemory::builder()
+        .size(64 << 20)
+        .reporting(ReportingConfig {
+            delay: Duration::from_secs(3600),
+            watermark_gate: false,
+            ..ReportingConfig::default()
+        })
+        .driver(DriverOptions {
+            timeout: Duration::from_secs(60),
+            ..DriverOptions::default()
+        })
+        .device(DeviceHost::External(Arc::new(move |ram, size, irq| {
+            Ok(Box::new(VhostUserTransport::connect(&s, ram, size, irq)?) as _)
+        })))
+        .build()
+        .unwrap();
+    let first = vm.flush(u64::MAX);
+    assert!(first.error.is_none(), "{first:?}");
+    let blocks: Vec<_> = (0..4)
+        .map(|_| vm.alloc(Order::new(9).unwrap()).unwrap())
+        .collect();
+    drop(blocks);
+    daemon.kill().unwrap();
+    let r = vm.flush(u64::MAX);
+    let e = r.error.expect("a report to a killed back-end succeeded");
+    assert!(
+        e.to_string().contains("closed its socket"),
+        "not the hang-up: {e}"
+    );
+    assert!(vm.driver_broken());
+    drop(vm);
+    let _ = std::fs::remove_dir_all(&dir);
+}

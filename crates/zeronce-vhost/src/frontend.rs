@@ -6,12 +6,15 @@
 //! guest address 0). Addresses in vring messages are "front-end virtual addresses"; this
 //! front-end declares the region at [`VA_BASE`] so that they are `VA_BASE + guest
 //! address`. Kicks are eventfds the transport writes; used-buffer interrupts arrive on
-//! call eventfds, which a thread turns into [`UsedSignal`] raises.
+//! call eventfds, which a thread turns into [`UsedSignal`] raises. The same thread watches
+//! the vhost-user socket for a hang-up: a back-end that exited or crashed answers nothing
+//! more, so the transport records it ([`Transport::failure`]) and wakes every waiting
+//! driver, which fails at once instead of at its timeout.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
@@ -46,7 +49,14 @@ pub struct VhostUserTransport {
     calls: Option<JoinHandle<()>>,
     irq: Arc<UsedSignal>,
     owned: bool,
+    /// Why the back-end is gone for good, once the call thread saw its socket hang up.
+    failed: Arc<OnceLock<String>>,
 }
+
+/// Epoll data of the stop event.
+const STOP: u64 = u64::MAX;
+/// Epoll data of the vhost-user socket (watched for a hang-up only).
+const SOCKET: u64 = u64::MAX - 1;
 
 impl VhostUserTransport {
     /// Connects to the back-end at `socket`, sharing `ram` (`ram_size` bytes, guest
@@ -67,6 +77,7 @@ impl VhostUserTransport {
             calls: None,
             irq,
             owned: false,
+            failed: Arc::new(OnceLock::new()),
         })
     }
 
@@ -163,14 +174,23 @@ impl Transport for VhostUserTransport {
             .ctl(
                 ControlOperation::Add,
                 stop.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, u64::MAX),
+                EpollEvent::new(EventSet::IN, STOP),
             )
             .map_err(err)?;
-        let irq = Arc::clone(&self.irq);
+        // Not readable (replies are the front-end's to read): only a hang-up or an error.
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                self.frontend.as_raw_fd(),
+                EpollEvent::new(EventSet::READ_HANG_UP, SOCKET),
+            )
+            .map_err(err)?;
+        let (irq, failed) = (Arc::clone(&self.irq), Arc::clone(&self.failed));
+        let queues = u16::try_from(queues.len()).map_err(err)?;
         self.calls = Some(
             std::thread::Builder::new()
                 .name("vhost-user-calls".into())
-                .spawn(move || call_loop(&epoll, &calls, &irq))
+                .spawn(move || call_loop(&epoll, &calls, &irq, &failed, queues))
                 .map_err(err)?,
         );
         self.kicks = kicks;
@@ -194,6 +214,10 @@ impl Transport for VhostUserTransport {
         self.stop_calls();
         Ok(())
     }
+
+    fn failure(&self) -> Option<String> {
+        self.failed.get().cloned()
+    }
 }
 
 impl Drop for VhostUserTransport {
@@ -202,9 +226,16 @@ impl Drop for VhostUserTransport {
     }
 }
 
-/// Turns call eventfds into used-buffer interrupts until the stop event.
-fn call_loop(epoll: &Epoll, calls: &[EventFd], irq: &UsedSignal) {
-    let mut events = vec![EpollEvent::default(); calls.len() + 1];
+/// Turns call eventfds into used-buffer interrupts until the stop event; on a hang-up of
+/// the socket, records the failure and wakes the waiters of all `queues`, then ends.
+fn call_loop(
+    epoll: &Epoll,
+    calls: &[EventFd],
+    irq: &UsedSignal,
+    failed: &OnceLock<String>,
+    queues: u16,
+) {
+    let mut events = vec![EpollEvent::default(); calls.len() + 2];
     loop {
         let n = match epoll.wait(-1, &mut events) {
             Ok(n) => n,
@@ -215,6 +246,16 @@ fn call_loop(epoll: &Epoll, calls: &[EventFd], irq: &UsedSignal) {
             }
         };
         for ev in &events[..n] {
+            if ev.data() == SOCKET {
+                // Recorded before the wake-ups: a woken driver checks it first.
+                let why = "the vhost-user back-end closed its socket (it exited or crashed)";
+                tracing::error!("{why}");
+                let _ = failed.set(why.into());
+                for q in 0..queues {
+                    irq.signal_used_queue(q);
+                }
+                return;
+            }
             let Some(call) = calls.get(ev.data() as usize) else {
                 return;
             };

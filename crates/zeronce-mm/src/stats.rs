@@ -98,11 +98,13 @@ pub struct Stats {
     pub alloc_failures: u64,
     /// Zero-requests served.
     pub zero_requests: u64,
-    /// Zero-requests served without zeroing (known-zero block).
+    /// Zero-requests served without writing a byte (known zero to the free lists, or to
+    /// the zeroer).
     pub zero_requests_skipped: u64,
-    /// Bytes zeroed by the allocator.
+    /// Bytes zeroed by the allocator (what its zeroer wrote).
     pub bytes_zeroed: u64,
-    /// Bytes whose zeroing was skipped.
+    /// Bytes of zero-requests not written because they were known zero (whole known-zero
+    /// blocks, and the pages a zeroer knew read zero).
     pub bytes_zeroing_skipped: u64,
     /// Verify-mode failures (a known-zero claim that was false).
     pub verify_failures: u64,

@@ -5,8 +5,11 @@ use crate::types::{PageRange, Pfn};
 
 /// Zeroes and inspects page contents on behalf of the manager.
 pub trait Zeroer: Send + Sync {
-    /// Zero these pages; `hint_last`, if inside, must be zeroed last (cache-hot).
-    fn zero(&self, range: PageRange, hint_last: Option<Pfn>);
+    /// Makes these pages read zero; `hint_last`, if inside, must be zeroed last
+    /// (cache-hot). Returns the bytes it wrote: fewer than the range when it knew some
+    /// pages already read zero (a zeroer that tracks more than the manager does), 0 when
+    /// it wrote none.
+    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) -> u64;
     /// Verify mode: whether these pages really read zero.
     fn is_zero(&self, range: PageRange) -> bool;
 }
@@ -18,7 +21,10 @@ pub trait Zeroer: Send + Sync {
 pub struct NoopZeroer;
 
 impl Zeroer for NoopZeroer {
-    fn zero(&self, _range: PageRange, _hint_last: Option<Pfn>) {}
+    fn zero(&self, range: PageRange, _hint_last: Option<Pfn>) -> u64 {
+        // Claims to have zeroed it (see above): counted as zeroing done.
+        range.bytes()
+    }
     fn is_zero(&self, _range: PageRange) -> bool {
         true
     }

@@ -536,3 +536,44 @@ fn a_block_grows_in_place_only_over_whole_free_upper_buddies() {
     assert!(mm.grow_in_place(blk(32, 4), o(5)).is_err(), "not allocated");
     mm.check_invariants().unwrap();
 }
+
+/// A zeroer that writes nothing and says so (0 bytes), claiming it knew the pages read
+/// zero; `truthful` says whether they really do.
+struct SkippingZeroer {
+    truthful: bool,
+}
+
+impl Zeroer for SkippingZeroer {
+    fn zero(&self, _range: PageRange, _hint_last: Option<Pfn>) -> u64 {
+        0
+    }
+    fn is_zero(&self, _range: PageRange) -> bool {
+        self.truthful
+    }
+}
+
+fn skipping_manager(truthful: bool) -> MemoryManager {
+    let mut cfg = MmConfig::new(vec![PageRange::new(Pfn(0), 1024)]);
+    cfg.verify = true;
+    cfg.initial_state = FreeState::DIRTY;
+    MemoryManager::new(cfg, Arc::new(SkippingZeroer { truthful })).unwrap()
+}
+
+#[test]
+fn a_zeroing_the_zeroer_skipped_is_counted_skipped_and_verified() {
+    // Truthful: the allocation says no byte was written, and the counters agree.
+    let mm = skipping_manager(true);
+    let a = mm.alloc(o(3), AllocRequest::ZEROED).unwrap();
+    assert_eq!(a.zeroing, Zeroing::Skipped);
+    let s = mm.stats();
+    assert_eq!((s.bytes_zeroed, s.bytes_zeroing_skipped), (0, 8 * 4096));
+    assert_eq!((s.zero_requests, s.zero_requests_skipped), (1, 1));
+    // Lying: verify mode reads the pages, fails the allocation and keeps the block free.
+    let mm = skipping_manager(false);
+    let free = mm.stats().free_pages_total();
+    let r = mm.alloc(o(3), AllocRequest::ZEROED);
+    assert!(matches!(r, Err(AllocError::VerifyFailed { .. })), "{r:?}");
+    let s = mm.stats();
+    assert_eq!((s.verify_failures, s.free_pages_total()), (1, free));
+    mm.check_invariants().unwrap();
+}

@@ -65,7 +65,12 @@ fn counters() -> Counters {
             let s = pm.stats();
             Counters {
                 zero_requests: s.mm.zero_requests,
-                known_zero: s.mm.bytes_zeroing_skipped >> 20,
+                // The manager's skipped bytes include what the zero map knew.
+                known_zero: s
+                    .mm
+                    .bytes_zeroing_skipped
+                    .saturating_sub(s.zeroing.skipped_by_map)
+                    >> 20,
                 zeroed_before: s.zeroing.skipped_by_map >> 20,
                 background: s.zeroing.background >> 20,
                 alloc_path: s.zeroing.alloc_path >> 20,

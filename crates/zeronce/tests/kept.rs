@@ -114,8 +114,13 @@ fn prezero_zeroes_kept_huge_blocks_too() {
     let z = pm.alloc_zeroed(order(9)).unwrap();
     assert!(z.as_slice().iter().all(|&x| x == 0));
     // Whatever block it is, nothing was zeroed on the allocation path: the kept block was
-    // zeroed by prezero, the rest never written.
-    assert_eq!(pm.stats().zeroing.alloc_path, 0);
+    // zeroed by prezero, the rest never written; the allocation and the manager's
+    // counters say so (the zero map knew it, not the free lists).
+    assert_eq!(z.allocation().zeroing, Zeroing::Skipped);
+    let s = pm.stats();
+    assert_eq!(s.zeroing.alloc_path, 0);
+    assert_eq!((s.mm.bytes_zeroed, s.mm.zero_requests_skipped), (0, 1));
+    assert_eq!(s.mm.bytes_zeroing_skipped, 2 << 20);
 }
 
 #[test]

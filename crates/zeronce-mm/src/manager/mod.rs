@@ -114,9 +114,11 @@ impl AllocRequest {
 /// What happened about zeroing an allocated block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Zeroing {
-    /// Zero-request served from a known-zero block: no byte written.
+    /// Zero-request: no byte written, the block was known zero (to the free lists, or to
+    /// the zeroer, which wrote nothing).
     Skipped,
-    /// Zero-request: the block was zeroed with [`Zeroer::zero`].
+    /// Zero-request: the block was zeroed with [`Zeroer::zero`] (all of it, or the pages
+    /// the zeroer did not know read zero).
     Done,
     /// No zero-request: contents are whatever they were.
     NotRequested,
@@ -344,6 +346,22 @@ impl MemoryManager {
         Err(AllocError::OutOfMemory(order))
     }
 
+    /// Verify mode caught a false zero claim on `block`, taken from `slot` with `prior`:
+    /// gives it back as not known zero (keeping `reported`, which is about the backing,
+    /// not the contents), counts the failure, and returns the error to fail loudly with.
+    fn false_zero_claim(&self, slot: &ZoneSlot, block: Block, prior: FreeState) -> AllocError {
+        lock(slot).untake(
+            block,
+            FreeState {
+                known_zero: false,
+                ..prior
+            },
+        );
+        self.counters.verify_failures.fetch_add(1, Relaxed);
+        self.counters.alloc_failures.fetch_add(1, Relaxed);
+        AllocError::VerifyFailed { block }
+    }
+
     /// `post_alloc_hook`: zero (outside the lock) the first `used` pages unless not
     /// requested or known zero.
     pub(crate) fn prepare(
@@ -360,18 +378,7 @@ impl MemoryManager {
             Zeroing::NotRequested
         } else if prior.known_zero {
             if self.config.verify && !self.zeroer.is_zero(block.range()) {
-                // A false zero claim: give the block back as not known zero (keeping
-                // `reported`, which is about the backing, not the contents) and fail loudly.
-                lock(slot).untake(
-                    block,
-                    FreeState {
-                        known_zero: false,
-                        ..prior
-                    },
-                );
-                self.counters.verify_failures.fetch_add(1, Relaxed);
-                self.counters.alloc_failures.fetch_add(1, Relaxed);
-                return Err(AllocError::VerifyFailed { block });
+                return Err(self.false_zero_claim(slot, block, prior));
             }
             self.counters
                 .bytes_zeroing_skipped
@@ -382,9 +389,22 @@ impl MemoryManager {
             let range = PageRange::new(block.pfn, used.clamp(1, block.order.pages()));
             // Only a hint inside the range means anything to the zeroer.
             let hint = req.hint.filter(|h| range.contains(*h));
-            self.zeroer.zero(range, hint);
-            self.counters.bytes_zeroed.fetch_add(range.bytes(), Relaxed);
-            Zeroing::Done
+            let written = self.zeroer.zero(range, hint).min(range.bytes());
+            if written < range.bytes() && self.config.verify && !self.zeroer.is_zero(range) {
+                // The zeroer skipped pages it wrongly knew zero.
+                return Err(self.false_zero_claim(slot, block, prior));
+            }
+            self.counters.bytes_zeroed.fetch_add(written, Relaxed);
+            self.counters
+                .bytes_zeroing_skipped
+                .fetch_add(range.bytes() - written, Relaxed);
+            if written == 0 {
+                // Known zero to the zeroer, if not to the free lists: nothing written.
+                self.counters.zero_requests_skipped.fetch_add(1, Relaxed);
+                Zeroing::Skipped
+            } else {
+                Zeroing::Done
+            }
         };
         if req.zeroed {
             self.counters.zero_requests.fetch_add(1, Relaxed);

@@ -49,7 +49,7 @@ impl FakeZeroer {
 }
 
 impl Zeroer for FakeZeroer {
-    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) {
+    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) -> u64 {
         let mut m = self.0.lock().unwrap();
         for part in hint_last_order(range, hint_last) {
             for p in part.start.0..part.end().0 {
@@ -57,6 +57,7 @@ impl Zeroer for FakeZeroer {
                 m.zero_log.push(Pfn(p));
             }
         }
+        range.bytes()
     }
 
     fn is_zero(&self, range: PageRange) -> bool {

@@ -57,10 +57,12 @@ fn intersect(a: PageRange, b: PageRange) -> PageRange {
 }
 
 impl Zeroer for RamZeroer {
-    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) {
+    fn zero(&self, range: PageRange, hint_last: Option<Pfn>) -> u64 {
         let Some(map) = &self.map else {
-            return self.zero_range(range, hint_last);
+            self.zero_range(range, hint_last);
+            return range.bytes();
         };
+        let mut written = 0;
         // Chunk by chunk, the hint's chunk last; chunks known zero are skipped.
         let hinted = hint_last
             .filter(|h| range.contains(*h))
@@ -90,7 +92,9 @@ impl Zeroer for RamZeroer {
             if zeroed < part.bytes() {
                 map.count_skipped(part.bytes() - zeroed);
             }
+            written += zeroed;
         }
+        written
     }
 
     fn is_zero(&self, range: PageRange) -> bool {

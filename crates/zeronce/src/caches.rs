@@ -32,11 +32,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use try_lock::{Locked, TryLock};
-use zeronce_mm::reporting::{Notifier, ReportingHooks, Wanted};
+use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
-    PcpCache, PutBack, PutBackError, Stats, ZoneId, PAGE_SIZE, PCP_MAX_ORDER,
+    PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
 };
 use zeronce_types::HUGE_PAGE_2M;
 
@@ -307,37 +307,9 @@ pub(crate) fn lock_slot<T>(slot: &TryLock<T>) -> Locked<'_, T> {
 /// The reporting engine's view: the manager, with every cache given back to it before a
 /// pass, so blocks freed into a cache are reported like blocks freed to the zone (Linux
 /// reports only what reached the buddy lists; its per-CPU lists are small).
-impl ReportingHooks for ThreadCaches {
-    fn zone_count(&self) -> usize {
-        self.mm.zone_count()
-    }
-    fn max_order(&self) -> Order {
-        ReportingHooks::max_order(&*self.mm)
-    }
-    fn zone_free_pages(&self, zone: ZoneId) -> u64 {
-        ReportingHooks::zone_free_pages(&*self.mm, zone)
-    }
-    fn zone_low_watermark(&self, zone: ZoneId) -> u64 {
-        ReportingHooks::zone_low_watermark(&*self.mm, zone)
-    }
-    fn nr_free(&self, zone: ZoneId, order: Order) -> u64 {
-        ReportingHooks::nr_free(&*self.mm, zone, order)
-    }
-    fn isolate(
-        &self,
-        zone: ZoneId,
-        order: Order,
-        wanted: Wanted,
-        max: usize,
-        out: &mut Vec<Block>,
-    ) {
-        ReportingHooks::isolate(&*self.mm, zone, order, wanted, max, out);
-    }
-    fn put_back(&self, block: Block, how: PutBack) -> Result<(), PutBackError> {
-        ReportingHooks::put_back(&*self.mm, block, how)
-    }
-    fn reportable_allocs(&self) -> u64 {
-        ReportingHooks::reportable_allocs(&*self.mm)
+impl ManagerHooks for ThreadCaches {
+    fn manager(&self) -> &MemoryManager {
+        &self.mm
     }
     fn before_pass(&self) {
         // Serialized with `close`: until it has run, the owner's handles hold references,

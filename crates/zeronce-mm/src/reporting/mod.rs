@@ -42,5 +42,6 @@ pub use config::{
 };
 pub use device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 pub use engine::{PassKind, PassReport, PassStats, ReportingEngine, ReportingStats};
+pub use hooks::ManagerHooks;
 pub use state::{Phase, RequestState};
 pub use worker::{FreeNotify, Notifier, Reporter, ReporterHealth, BACKOFF_FIRST, BACKOFF_MAX};

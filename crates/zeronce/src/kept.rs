@@ -58,10 +58,11 @@ type Lists = [Vec<Entry>; LISTS];
 static SLOTS: [Padded<TryLock<Lists>>; NUMBERS] =
     [const { Padded(TryLock::new([const { Vec::new() }; LISTS])) }; NUMBERS];
 
-/// The calling thread's lists, if no other thread holds them now.
+/// The calling thread's slot and its lists, if no other thread holds them now.
 #[inline]
-fn try_mine() -> Option<Locked<'static, Lists>> {
-    SLOTS[slot_index()].0.try_lock()
+fn try_mine() -> Option<(usize, Locked<'static, Lists>)> {
+    let slot = slot_index();
+    SLOTS[slot].0.try_lock().map(|lists| (slot, lists))
 }
 
 /// A kept block of `order` of `owner` for the calling thread, if its slot's most recent
@@ -89,12 +90,12 @@ fn pop_mine(
     count: impl FnOnce(&ThreadCaches, usize, usize),
 ) -> Option<Entry> {
     let list = list_of(order)?;
-    let mut lists = try_mine()?;
+    let (slot, mut lists) = try_mine()?;
     let last = lists[list].last()?;
     if !last.owner.same_owner(owner) {
         return None;
     }
-    count(last.owner.caches(), slot_index(), list);
+    count(last.owner.caches(), slot, list);
     lists[list].pop()
 }
 
@@ -107,7 +108,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
     let Some(list) = list_of(order) else {
         return Err(entry);
     };
-    let Some(mut lists) = try_mine() else {
+    let Some((slot, mut lists)) = try_mine() else {
         return Err(entry);
     };
     let caches = entry.owner.caches();
@@ -115,7 +116,7 @@ pub(crate) fn keep(mut entry: Entry) -> Result<(), Entry> {
     if caches.is_closed() || lists[list].len() >= caches.kept_limit(list) {
         return Err(entry);
     }
-    caches.count_kept_free(slot_index(), list, order);
+    caches.count_kept_free(slot, list, order);
     // What the next owner gets: a dirty block, not zeroed for it (written only when it
     // differs: a block kept before already says so, and the line stays clean).
     let reused = entry.alloc.reused();

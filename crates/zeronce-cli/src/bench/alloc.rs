@@ -91,11 +91,6 @@ impl Case {
         Ok(cases)
     }
 
-    /// Blocks allocated per iteration before freeing them.
-    fn batch(self) -> usize {
-        self.batch
-    }
-
     fn key(self) -> String {
         format!("order{}_threads{}", self.order, self.threads)
     }
@@ -126,7 +121,7 @@ impl Which {
 /// Runs `iters` iterations of `case` on a fresh allocator; returns wall time.
 fn measure(which: Which, case: Case, iters: usize) -> Result<Duration, String> {
     let order = Order::new(case.order).map_err(|e| e.to_string())?;
-    let batch = case.batch();
+    let batch = case.batch;
     let barrier = Arc::new(Barrier::new(case.threads));
     let count = order.pages() as usize;
     let out_of_frames = || "buddy_system_allocator: out of frames".to_string();
@@ -300,8 +295,8 @@ fn measure_all(
     let mut series: Vec<Series> = cases.iter().map(|_| Series::default()).collect();
     for rep in 0..reps {
         for (case, s) in cases.iter().zip(series.iter_mut()) {
-            let iters = (pairs / case.batch()).max(1);
-            let total = (iters * case.batch() * case.threads) as f64;
+            let iters = (pairs / case.batch).max(1);
+            let total = (iters * case.batch * case.threads) as f64;
             let mut rate = [0.0; 4];
             for k in 0..rate.len() {
                 let i = (k + rep) % rate.len();
@@ -362,7 +357,7 @@ pub fn run(args: &AllocArgs) -> BenchResult {
             json!(ratio.median),
         );
         let mut row = json!({
-            "order": case.order, "threads": case.threads, "batch": case.batch(),
+            "order": case.order, "threads": case.threads, "batch": case.batch,
             "front_door_pairs_per_s": summary(&s.rate[0])?.to_json(),
             "buddy_system_allocator_pairs_per_s": summary(&s.rate[BSA])?.to_json(),
             "cache_only_pairs_per_s": summary(&s.rate[2])?.to_json(),
@@ -379,7 +374,7 @@ pub fn run(args: &AllocArgs) -> BenchResult {
             "{:>5} {:>7} {:>5} {:>11.2} {:>8.2} {:>6.2} {:>5.2}-{:<5.2} {:<22} {:>10.2} {:>8.2}",
             case.order,
             case.threads,
-            case.batch(),
+            case.batch,
             summary(&s.rate[0])?.median / 1e6,
             summary(&s.rate[BSA])?.median / 1e6,
             ratio.median,

@@ -312,7 +312,7 @@ impl<M: GuestMemory, T: Transport> BalloonDriver<M, T> {
         }
         let index = self.reporting_index;
         self.transport.notify(index)?;
-        let deadline = zeronce_mem::clock::deadline_after(Instant::now(), self.opts.timeout);
+        let deadline = zeronce_types::clock::deadline_after(Instant::now(), self.opts.timeout);
         let bit6 = self.zero_hints();
         let mut used = 0;
         while used < blocks.len() {

@@ -88,7 +88,7 @@ impl UsedSignal {
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<u64>> {
-        zeronce_mm::sync::lock(&self.counts)
+        zeronce_types::sync::lock(&self.counts)
     }
 
     /// Interrupts raised for queue `index` so far.
@@ -108,7 +108,7 @@ impl UsedSignal {
             if now >= deadline {
                 return false;
             }
-            counts = zeronce_mm::sync::wait_timeout(&self.cv, counts, deadline - now);
+            counts = zeronce_types::sync::wait_timeout(&self.cv, counts, deadline - now);
         }
     }
 }

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-use zeronce_mem::clock::deadline_after;
 use zeronce_mem::vm::{self, GuestDiscardError};
 use zeronce_mem::{Backing, DiscardOp};
+use zeronce_types::clock::deadline_after;
 
 /// Why a [`Discarder`] could not describe or discard a guest range. The device only logs
 /// it and counts it (`discard_errors`): a failed discard never promises zero. A VMM that

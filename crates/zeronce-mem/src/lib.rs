@@ -15,7 +15,6 @@
 )]
 
 mod claims;
-pub mod clock;
 pub mod discard;
 pub mod global;
 pub mod ram;

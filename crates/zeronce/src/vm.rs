@@ -409,7 +409,7 @@ impl VmMemory {
     /// it fails with [`AllocError::OutOfMemory`](zeronce_mm::AllocError::OutOfMemory).
     #[inline]
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        let deadline = zeronce_mem::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
+        let deadline = zeronce_types::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
         retry_while_in_flight(
             || managed::alloc_block(&self.owners, order, req),
             || self.inner.mm.stats().isolated_pages > 0,

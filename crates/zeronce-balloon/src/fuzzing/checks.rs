@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-use zeronce_mem::clock::deadline_after;
+use zeronce_types::clock::deadline_after;
 
 use super::{DATA, QUEUE_SIZE, REGIONS};
 use crate::device::BalloonDevice;

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use zeronce_mem::clock::deadline_after;
 use zeronce_mem::Backing;
+use zeronce_types::clock::deadline_after;
 
 use crate::device::{BalloonDevice, BalloonOptions};
 use crate::discard::DiscardPolicy;

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use zeronce_mem::clock::deadline_after;
 use zeronce_mem::{DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, ZeroGuarantee};
 use zeronce_mm::{PageRange, PAGE_SIZE};
+use zeronce_types::clock::deadline_after;
 
 use crate::policy::{HostPolicy, PolicyError};
 use crate::zeroing::zeromap::ZeroMap;

@@ -10,7 +10,8 @@ use clap::{Args, Subcommand};
 use zeronce_mem::HugePageSize;
 use zeronce_pool::client::{Client, TakeOptions};
 use zeronce_pool::server::Server;
-use zeronce_pool::{parse_cpu_list, parse_size, Pool, PoolConfig, WorkerConfig};
+use zeronce_pool::{parse_cpu_list, Pool, PoolConfig, WorkerConfig};
+use zeronce_types::size::parse_size;
 
 /// Default control socket.
 const SOCKET: &str = "/run/zeronce/pool.sock";

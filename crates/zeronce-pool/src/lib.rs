@@ -108,29 +108,6 @@ impl Stats {
     }
 }
 
-/// Parses a size: bytes, or a number with `K`, `M`, `G`, `T` (binary units, optional
-/// `iB`/`B`), e.g. `2M`, `1G`, `512MiB`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix(['B', 'b']))
-        .unwrap_or(t);
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. 4096, 2M, 1G)"))?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 /// Parses a CPU list: `0-3,6,8-9`.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
     let bad = || format!("{text:?} is not a CPU list (e.g. 0-3,6)");
@@ -161,17 +138,5 @@ mod tests {
         for bad in ["", "a", "3-1", "1-", "99999"] {
             assert!(parse_cpu_list(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn sizes_parse_in_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("2M"), Ok(2 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("3gb"), Ok(3 << 30));
-        assert!(parse_size("").is_err());
-        assert!(parse_size("x1G").is_err());
-        assert!(parse_size("99999999999T").is_err());
     }
 }

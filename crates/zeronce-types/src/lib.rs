@@ -1,6 +1,7 @@
 //! zeronce-types: the few words every zeronce crate shares, defined once: the page sizes,
 //! whether a range of memory is guaranteed to read zero, how a mutex is locked
-//! ([`sync`]), and how a configured duration becomes a deadline ([`clock`]). The pure allocator (`zeronce-mm`) and the crate that touches real memory
+//! ([`sync`]), how a configured duration becomes a deadline ([`clock`]), and how an
+//! operator's size (`512M`) is read ([`size`]). The pure allocator (`zeronce-mm`) and the crate that touches real memory
 //! (`zeronce-mem`) both depend on it and re-export what they use, so either crate's users
 //! keep their paths.
 //!
@@ -8,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod size;
 pub mod sync;
 
 /// The base page size zeronce works in: 4 KiB, whatever the host's page size. One page

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use zeronce_balloon::{BalloonOptions, FeatureOffer};
+use zeronce_types::size::parse_size;
 
 use crate::control;
 use crate::server::{self, ServeConfig};
@@ -60,24 +61,7 @@ pub enum BalloonAction {
     Stats,
 }
 
-/// Parses `123`, `4K`, `512M`, `2G` (binary units) into bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, shift) = match s.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&s[..i], 10),
-        Some((i, 'm' | 'M')) => (&s[..i], 20),
-        Some((i, 'g' | 'G')) => (&s[..i], 30),
-        Some((i, 't' | 'T')) => (&s[..i], 40),
-        _ => (s, 0),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a size like 4096, 512M or 1G"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?}: too large"))
-}
-
-/// The value parser of balloon sizes: [`parse_size`], then checked to be a whole number
+/// The value parser of balloon sizes: [`parse_size`] (the one size grammar of zeronce), then checked to be a whole number
 /// of 4 KiB pages that `num_pages` can hold, so a bad size is refused naming its option.
 pub fn parse_page_size(s: &str) -> Result<u64, String> {
     let bytes = parse_size(s)?;

@@ -26,7 +26,8 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 use zeronce::zeronce_mem::{BackingKind, GuestRam, HugePageSize, HugetlbPoolCounters, ZeroKernel};
 use zeronce_pool::files::{mount_from_env, MOUNT_ENV_2M};
-use zeronce_pool::{parse_size, Pool, PoolConfig, WorkerConfig};
+use zeronce_pool::{Pool, PoolConfig, WorkerConfig};
+use zeronce_types::size::parse_size;
 
 use super::stats::{time_it, Summary};
 use super::target::Target;

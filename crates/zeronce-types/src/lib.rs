@@ -1,7 +1,8 @@
 //! zeronce-types: the few words every zeronce crate shares, defined once: the page sizes,
 //! whether a range of memory is guaranteed to read zero, how a mutex is locked
-//! ([`sync`]), how a configured duration becomes a deadline ([`clock`]), and how an
-//! operator's size (`512M`) is read ([`size`]). The pure allocator (`zeronce-mm`) and the crate that touches real memory
+//! ([`sync`]), how a configured duration becomes a deadline ([`clock`]), how an
+//! operator's size (`512M`) is read ([`size`]), and how events are rate-limited without
+//! losing one ([`rate`]). The pure allocator (`zeronce-mm`) and the crate that touches real memory
 //! (`zeronce-mem`) both depend on it and re-export what they use, so either crate's users
 //! keep their paths.
 //!
@@ -9,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod rate;
 pub mod size;
 pub mod sync;
 

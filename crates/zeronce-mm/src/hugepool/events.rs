@@ -2,15 +2,18 @@
 //! hugetlb pre-zeroing series: epoll on `zeroable_hugepages`, at most one event per
 //! interval).
 //!
-//! Rule, per node: when the zeroable count grows, an event fires at once unless one fired
-//! less than `min_interval` ago; then the event is *pending* and fires (as a trailing
-//! event) at the first [`crate::hugepool::HugePool::poll_events`] at or after
-//! `last + min_interval`, unless the count dropped to zero meanwhile (nothing left to
-//! tell). So events for a node are at least `min_interval` apart and no growth is lost.
+//! Rule, per node ([`zeronce_types::rate`]): when the zeroable count grows, an event fires
+//! at once unless one fired less than `min_interval` ago; then the event is *pending* and
+//! fires (as a trailing event) at the first [`crate::hugepool::HugePool::poll_events`] at
+//! or after `last + min_interval`, unless the count dropped to zero meanwhile (nothing
+//! left to tell). So events for a node are at least `min_interval` apart and no growth is
+//! lost.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+use zeronce_types::rate::RateLimit;
 
 use crate::types::ZoneId;
 
@@ -63,21 +66,13 @@ pub struct ZeroableEvent {
 /// pool's lock), so it must be quick: write an eventfd, push to a channel.
 pub type EventHook = Box<dyn FnMut(ZeroableEvent) + Send>;
 
-/// Rate-limit state of one node.
-#[derive(Clone, Copy, Debug, Default)]
-struct NodeLimit {
-    last_fired: Option<Duration>,
-    pending: bool,
-}
-
 /// The hook, its clock and per-node rate-limit state: the rule of the module docs, for
-/// any owner of a zeroable count (the [`HugePool`](crate::hugepool::HugePool), or a pool
-/// of hugetlbfs files in a daemon).
+/// any owner of per-node zeroable counts (the [`HugePool`](crate::hugepool::HugePool)).
 pub struct Notifier {
     hook: EventHook,
     clock: Arc<dyn Clock>,
     min_interval: Duration,
-    nodes: Vec<NodeLimit>,
+    nodes: Vec<RateLimit>,
     fired: u64,
 }
 
@@ -93,24 +88,15 @@ impl Notifier {
         }
     }
 
-    fn limit(&mut self, node: ZoneId) -> &mut NodeLimit {
+    fn limit(&mut self, node: ZoneId) -> &mut RateLimit {
         if self.nodes.len() <= node.0 {
-            self.nodes.resize(node.0 + 1, NodeLimit::default());
+            self.nodes
+                .resize(node.0 + 1, RateLimit::new(self.min_interval));
         }
         &mut self.nodes[node.0]
     }
 
-    fn due(&self, limit: &NodeLimit, now: Duration) -> bool {
-        limit
-            .last_fired
-            .is_none_or(|last| now >= last.saturating_add(self.min_interval))
-    }
-
     fn fire(&mut self, node: ZoneId, zeroable: u64, now: Duration, trailing: bool) {
-        *self.limit(node) = NodeLimit {
-            last_fired: Some(now),
-            pending: false,
-        };
         self.fired += 1;
         (self.hook)(ZeroableEvent {
             node,
@@ -123,11 +109,8 @@ impl Notifier {
     /// The zeroable count of `node` grew to `zeroable`: fire now or hold back.
     pub fn grew(&mut self, node: ZoneId, zeroable: u64) {
         let now = self.clock.now();
-        let limit = *self.limit(node);
-        if self.due(&limit, now) {
+        if self.limit(node).offer(now) {
             self.fire(node, zeroable, now, false);
-        } else {
-            self.limit(node).pending = true;
         }
     }
 
@@ -136,13 +119,11 @@ impl Notifier {
     pub fn poll(&mut self, zeroable_of: impl Fn(ZoneId) -> u64) -> Option<Duration> {
         let now = self.clock.now();
         for i in 0..self.nodes.len() {
-            let limit = self.nodes[i];
-            if limit.pending && self.due(&limit, now) {
+            if self.nodes[i].take_due(now) {
                 let zeroable = zeroable_of(ZoneId(i));
                 if zeroable > 0 {
+                    self.nodes[i].fired(now);
                     self.fire(ZoneId(i), zeroable, now, true);
-                } else {
-                    self.nodes[i].pending = false;
                 }
             }
         }
@@ -151,11 +132,7 @@ impl Notifier {
 
     /// When the earliest pending event becomes due (`None`: nothing pending).
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.nodes
-            .iter()
-            .filter(|l| l.pending)
-            .filter_map(|l| l.last_fired.map(|t| t.saturating_add(self.min_interval)))
-            .min()
+        self.nodes.iter().filter_map(RateLimit::next_deadline).min()
     }
 
     /// Events fired so far.

@@ -1,22 +1,22 @@
-//! The running pool: [`PoolState`] behind a mutex, the files, the zeroing workers, the
-//! state file, and the "zeroable pages appeared" notifications.
+//! The running pool: the [`Pool`] handle over the [`Shared`] state, which starts the
+//! zeroing workers and the events thread and answers the clients' requests.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use zeronce_mem::{HugePageSize, ZeroKernel};
-use zeronce_mm::hugepool::{Clock, Notifier, ZeroableEvent};
-use zeronce_mm::sync::{self, lock};
-use zeronce_mm::ZoneId;
+use zeronce_mem::HugePageSize;
+use zeronce_types::sync::{self, lock};
 
+use crate::events::ZeroableEvent;
 use crate::files::{FilesError, PoolFiles};
-use crate::pacer::Pacer;
 use crate::persist;
-use crate::state::{FileId, FileState, Job, PoolState, StateError, Take};
+use crate::shared::Shared;
+use crate::state::{FileId, FileState, PoolState, StateError, Take};
+use crate::stats::Stats;
 use crate::worker::{self, WorkerConfig};
 
 /// What a pool is made of.
@@ -109,127 +109,6 @@ pub struct PrezeroReport {
     pub zeroable_left: u64,
 }
 
-/// The monotonic clock of the notifier.
-#[derive(Debug)]
-struct MonoClock(Instant);
-
-impl Clock for MonoClock {
-    fn now(&self) -> Duration {
-        self.0.elapsed()
-    }
-}
-
-pub(crate) struct Inner {
-    pub(crate) pool: PoolState,
-    notifier: Notifier,
-}
-
-type Subscribers = Arc<Mutex<Vec<Sender<ZeroableEvent>>>>;
-
-pub(crate) struct Shared {
-    pub(crate) files: PoolFiles,
-    inner: Mutex<Inner>,
-    /// Work appeared, a file became ready, or shutdown.
-    pub(crate) changed: Condvar,
-    /// A notifier deadline appeared, or shutdown.
-    timer: Condvar,
-    pub(crate) stop: AtomicBool,
-    pub(crate) pacer: Option<Mutex<Pacer>>,
-    pacer_epoch: Instant,
-    state_file: PathBuf,
-    persisted_generation: Mutex<Option<u64>>,
-    subscribers: Subscribers,
-    pub(crate) kernel: ZeroKernel,
-    /// Checks of orphaned files' users done so far.
-    orphan_checks: AtomicU64,
-}
-
-impl Shared {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every state change is one call on the pure state, consistent between calls.
-        lock(&self.inner)
-    }
-
-    pub(crate) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-
-    /// Writes the state file if the state changed since the last write.
-    pub(crate) fn persist(&self) -> Result<(), PoolError> {
-        let (generation, text) = {
-            let inner = self.lock();
-            let p = &inner.pool;
-            let text = persist::render(p.page_bytes(), p.file_bytes(), p.persisted());
-            (p.generation(), text)
-        };
-        let mut last = lock(&self.persisted_generation);
-        if last.is_some_and(|g| g >= generation) {
-            return Ok(());
-        }
-        persist::write_atomic(&self.state_file, &text)?;
-        *last = Some(generation);
-        Ok(())
-    }
-
-    /// Tells the notifier the zeroable count may have grown.
-    fn zeroable_grew(&self, inner: &mut Inner) {
-        let zeroable = inner.pool.zeroable();
-        if zeroable > 0 {
-            inner.notifier.grew(ZoneId(0), zeroable);
-            self.timer.notify_one();
-        }
-    }
-
-    /// How long to wait before zeroing `bytes` more in the background.
-    pub(crate) fn pace(&self, bytes: u64) -> Duration {
-        self.pacer.as_ref().map_or(Duration::ZERO, |p| {
-            let now = self.pacer_epoch.elapsed();
-            lock(p).reserve(bytes, now)
-        })
-    }
-
-    /// Runs `job` to its end (or `stop`), reporting to the pool; the file's new state.
-    pub(crate) fn run_job(&self, job: Job, paced: bool) -> FileState {
-        let outcome = worker::zero_job(self, &job, paced);
-        let (file, by) = (job.file, job.by);
-        let mut inner = self.lock();
-        inner.pool.add_zeroing_time(outcome.zeroing_nanos);
-        let state = match inner.pool.finish_job(job) {
-            Ok(s) => s.clone(),
-            Err(e) => {
-                tracing::error!(%e, "finishing a job this pool made failed");
-                FileState::Held
-            }
-        };
-        drop(inner);
-        tracing::info!(
-            path = %self.files.path(file).display(), ?by, zeroed = outcome.zeroed,
-            repopulated = outcome.repopulated, ready = matches!(state, FileState::Ready | FileState::Held),
-            "zeroing job done"
-        );
-        self.changed.notify_all();
-        if let Err(e) = self.persist() {
-            tracing::error!(%e, "state file not updated");
-        }
-        state
-    }
-
-    fn run_timer(&self) {
-        let mut inner = self.lock();
-        while !self.stopping() {
-            let Inner { pool, notifier } = &mut *inner;
-            let next = notifier.poll(|_| pool.zeroable());
-            inner = match next {
-                None => sync::wait(&self.timer, inner),
-                Some(due) => {
-                    let wait = due.saturating_sub(inner.notifier.now());
-                    sync::wait_timeout(&self.timer, inner, wait)
-                }
-            };
-        }
-    }
-}
-
 /// A running pool; see the crate docs. Dropping it stops the workers (after their
 /// current page) and writes the state file.
 pub struct Pool {
@@ -270,34 +149,13 @@ impl Pool {
         let pages_per_file = u32::try_from(config.file_bytes / page)
             .map_err(|_| PoolError::Config("too many pages per file".into()))?;
         let pool = PoolState::new(page, pages_per_file, names);
-        let subscribers: Subscribers = Arc::default();
-        let hook_subs = Arc::clone(&subscribers);
-        let notifier = Notifier::new(
-            Box::new(move |event| {
-                tracing::debug!(?event, "zeroable pages appeared");
-                let mut subs = lock(&hook_subs);
-                subs.retain(|s| s.send(event).is_ok());
-            }),
-            Arc::new(MonoClock(Instant::now())),
-            config.min_event_interval,
-        );
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
             files,
-            inner: Mutex::new(Inner { pool, notifier }),
-            changed: Condvar::new(),
-            timer: Condvar::new(),
-            stop: AtomicBool::new(false),
-            pacer: config
-                .workers
-                .max_bytes_per_sec
-                .map(|rate| Mutex::new(Pacer::new(rate, page))),
-            pacer_epoch: Instant::now(),
-            state_file: config.state_file.clone(),
-            persisted_generation: Mutex::new(None),
-            subscribers,
-            kernel: ZeroKernel::auto(page as usize),
-            orphan_checks: AtomicU64::new(0),
-        });
+            pool,
+            config.state_file.clone(),
+            config.workers.max_bytes_per_sec,
+            config.min_event_interval,
+        ));
         shared.persist()?;
         {
             let mut inner = shared.lock();
@@ -345,7 +203,7 @@ impl Pool {
                 Ok(Take::ZeroInline(job)) => {
                     drop(inner);
                     let file = job.file;
-                    if s.run_job(job, false) != FileState::Held {
+                    if worker::run_job(s, job, false) != FileState::Held {
                         return Err(PoolError::Interrupted(s.files.path(file)));
                     }
                     inner = s.lock();
@@ -398,7 +256,7 @@ impl Pool {
     /// Ties a file just taken to its client's connection (see [`Pool::end_lease`]).
     pub fn lease(&self, file: FileId) -> Result<(), PoolError> {
         self.shared.lock().pool.lease(file)?;
-        self.shared.persist()
+        Ok(self.shared.persist()?)
     }
 
     /// The connection that leased `file` closed. If the file was not returned, it is
@@ -461,7 +319,7 @@ impl Pool {
                 break;
             };
             left = left.saturating_sub(job.pages.len() as u64);
-            s.run_job(job, true);
+            worker::run_job(s, job, true);
         }
         let inner = s.lock();
         let after = inner.pool.counters();
@@ -474,15 +332,15 @@ impl Pool {
     }
 
     /// A snapshot of counts and counters.
-    pub fn stats(&self) -> crate::Stats {
+    pub fn stats(&self) -> Stats {
         let inner = self.shared.lock();
-        crate::Stats {
+        Stats {
             page_bytes: inner.pool.page_bytes(),
             file_bytes: inner.pool.file_bytes(),
             files: inner.pool.file_count(),
             pages: inner.pool.counts(),
             counters: inner.pool.counters(),
-            events: inner.notifier.fired(),
+            events: inner.events.fired(),
             orphan_checks: self.shared.orphan_checks.load(Ordering::Relaxed),
         }
     }
@@ -497,11 +355,9 @@ impl Pool {
         Ok(self.shared.files.dup(file)?)
     }
 
-    /// Events from now on (rate-limited; see [`zeronce_mm::hugepool::events`]).
+    /// Events from now on (rate-limited; see [`ZeroableEvent`]).
     pub fn subscribe(&self) -> Receiver<ZeroableEvent> {
-        let (tx, rx) = mpsc::channel();
-        lock(&self.shared.subscribers).push(tx);
-        rx
+        self.shared.lock().events.subscribe()
     }
 
     /// Waits until no file is being zeroed and nothing is zeroable (tests, benchmarks),
@@ -531,17 +387,12 @@ impl Pool {
     /// Stops the workers after their current page (and any take or `prezero` in
     /// progress: they fail), waits for the workers, writes the state file. Idempotent.
     pub fn shutdown(&self) -> Result<(), PoolError> {
-        self.shared.stop.store(true, Ordering::Release);
-        {
-            let _inner = self.shared.lock();
-            self.shared.changed.notify_all();
-            self.shared.timer.notify_all();
-        }
+        self.shared.stop();
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             let _ = t.join();
         }
-        self.shared.persist()
+        Ok(self.shared.persist()?)
     }
 }
 

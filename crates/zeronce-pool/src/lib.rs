@@ -18,125 +18,47 @@
 //!   file recorded held stays its client's until returned;
 //! * a take may be a lease on the client's connection ([`Pool::lease`]): if the
 //!   connection closes without a return, the file is orphaned — never zeroed while a
-//!   process still has it open or mapped ([`usage`]), reclaimed once none has
+//!   process still has it open or mapped (`/proc`), reclaimed once none has
 //!   ([`Pool::reclaim_orphans`]);
 //! * "zeroable pages appeared" events, rate-limited ([`Pool::subscribe`]).
 //!
 //! How this fits the rest of zeronce (the huge-page pre-zeroing design, the words used)
 //! is in the repository's `docs/ARCHITECTURE.md` and `docs/GLOSSARY.md`.
 //!
-//! [`server::Server`] puts a pool behind a Unix socket speaking the JSON-lines protocol of
-//! [`proto`] (`docs/POOL_PROTOCOL.md`); [`client::Client`] speaks it. The `zeronce pool`
-//! command is a thin layer over both.
+//! The index:
+//! - [`Pool`], started from a [`PoolConfig`] (with its [`WorkerConfig`]; a CPU list
+//!   parsed by [`parse_cpu_list`]): take, give back, lease, prezero, [`Stats`], events
+//!   ([`ZeroableEvent`]); [`Taken`], [`Served`], [`PrezeroReport`] and [`PoolError`] are
+//!   its answers.
+//! - [`server::Server`] puts a pool behind a Unix socket speaking the JSON-lines protocol
+//!   of [`proto`] (`docs/POOL_PROTOCOL.md`); [`client::Client`] speaks it. The `zeronce
+//!   pool` command is a thin layer over both.
+//! - [`state`]: the pure pool state ([`PageCounts`], [`PoolCounters`]); [`files`]: the
+//!   files on the mount; [`persist`]: the state file.
+//!
+//! Inside, apart from those: the handle (`daemon`) over the state its threads share
+//! (`shared`), the zeroing of jobs on workers or on a requesting thread (`worker`), the
+//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of an orphan's users
+//! (`usage`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;
 mod daemon;
+mod events;
 pub mod files;
-pub mod pacer;
+mod pacer;
 pub mod persist;
 pub mod proto;
 pub mod server;
+mod shared;
 pub mod state;
-pub mod usage;
+mod stats;
+mod usage;
 mod worker;
 
 pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Served, Taken};
+pub use events::ZeroableEvent;
 pub use state::{PageCounts, PoolCounters};
-pub use worker::WorkerConfig;
-
-use serde_json::{json, Value};
-
-/// A snapshot of a pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stats {
-    /// Bytes per huge page.
-    pub page_bytes: u64,
-    /// Bytes per file.
-    pub file_bytes: u64,
-    /// Number of files.
-    pub files: usize,
-    /// Pages by state.
-    pub pages: PageCounts,
-    /// Counters.
-    pub counters: PoolCounters,
-    /// "Zeroable pages appeared" events delivered.
-    pub events: u64,
-    /// Checks of orphaned files' users done so far.
-    pub orphan_checks: u64,
-}
-
-impl Stats {
-    /// Background zeroing rate in GB/s (10^9 bytes per second of zeroing time).
-    pub fn zeroing_gb_per_s(&self) -> f64 {
-        let c = &self.counters;
-        let bytes = (c.pages_zeroed_background + c.pages_zeroed_inline) * self.page_bytes;
-        if c.zeroing_nanos == 0 {
-            return 0.0;
-        }
-        bytes as f64 / c.zeroing_nanos as f64
-    }
-
-    /// As the `stats` reply of the protocol (without `ok`).
-    pub fn to_json(&self) -> Value {
-        let p = &self.pages;
-        let c = &self.counters;
-        json!({
-            "page_bytes": self.page_bytes,
-            "file_bytes": self.file_bytes,
-            "files": self.files,
-            "pages": {
-                "total": p.total(), "free_zero": p.free_zero, "zeroable": p.zeroable,
-                "in_use": p.in_use, "zeroing": p.zeroing, "orphaned": p.orphaned,
-            },
-            "counters": {
-                "takes": c.takes, "takes_prezeroed": c.takes_prezeroed,
-                "takes_zeroed_inline": c.takes_zeroed_inline, "take_failures": c.take_failures,
-                "returns": c.returns,
-                "pages_zeroed_background": c.pages_zeroed_background,
-                "pages_zeroed_inline": c.pages_zeroed_inline,
-                "pages_repopulated": c.pages_repopulated,
-                "jobs_interrupted": c.jobs_interrupted,
-                "leases_orphaned": c.leases_orphaned,
-                "orphans_reclaimed": c.orphans_reclaimed,
-                "orphan_checks": self.orphan_checks,
-                "events": self.events,
-            },
-            "zeroing_gb_per_s": self.zeroing_gb_per_s(),
-        })
-    }
-}
-
-/// Parses a CPU list: `0-3,6,8-9`.
-pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
-    let bad = || format!("{text:?} is not a CPU list (e.g. 0-3,6)");
-    let mut cpus = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let lo: usize = lo.trim().parse().map_err(|_| bad())?;
-        let hi: usize = hi.trim().parse().map_err(|_| bad())?;
-        if lo > hi || hi >= 1 << 16 {
-            return Err(bad());
-        }
-        cpus.extend(lo..=hi);
-    }
-    if cpus.is_empty() {
-        return Err(bad());
-    }
-    Ok(cpus)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_lists_parse() {
-        assert_eq!(parse_cpu_list("0-2,5"), Ok(vec![0, 1, 2, 5]));
-        assert_eq!(parse_cpu_list("3"), Ok(vec![3]));
-        for bad in ["", "a", "3-1", "1-", "99999"] {
-            assert!(parse_cpu_list(bad).is_err(), "{bad}");
-        }
-    }
-}
+pub use stats::Stats;
+pub use worker::{parse_cpu_list, WorkerConfig};

@@ -15,8 +15,8 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde_json::{json, Value};
 
+use crate::daemon::{Pool, PoolError};
 use crate::proto::{error_reply, Request};
-use crate::{Pool, PoolError};
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]

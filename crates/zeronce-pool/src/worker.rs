@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use rustix::thread::{sched_setaffinity, CpuSet};
 
-use crate::daemon::Shared;
-use crate::state::{Job, PageIndex};
+use crate::shared::Shared;
+use crate::state::{FileState, Job, PageIndex};
 
 /// How the operator limits the zeroing workers' CPU use.
 #[derive(Clone, Debug, Default)]
@@ -20,6 +20,25 @@ pub struct WorkerConfig {
     /// Cap on the bytes zeroed per second by workers and `prezero` together (`None`: no
     /// cap). Zeroing for a waiting taker is never capped.
     pub max_bytes_per_sec: Option<u64>,
+}
+
+/// Parses a CPU list: `0-3,6,8-9`.
+pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>, String> {
+    let bad = || format!("{text:?} is not a CPU list (e.g. 0-3,6)");
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let lo: usize = lo.trim().parse().map_err(|_| bad())?;
+        let hi: usize = hi.trim().parse().map_err(|_| bad())?;
+        if lo > hi || hi >= 1 << 16 {
+            return Err(bad());
+        }
+        cpus.extend(lo..=hi);
+    }
+    if cpus.is_empty() {
+        return Err(bad());
+    }
+    Ok(cpus)
 }
 
 /// What running a job did.
@@ -66,12 +85,12 @@ pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
                 if let Some(job) = inner.pool.next_job(u64::MAX) {
                     break job;
                 }
-                inner = zeronce_mm::sync::wait(&shared.changed, inner);
+                inner = zeronce_types::sync::wait(&shared.changed, inner);
             }
         };
         let file = job.file;
-        let state = shared.run_job(job, true);
-        if matches!(state, crate::state::FileState::Dirty { .. }) && !shared.stopping() {
+        let state = run_job(shared, job, true);
+        if matches!(state, FileState::Dirty { .. }) && !shared.stopping() {
             // Interrupted by a failure (logged): do not spin on the same file.
             tracing::debug!(?file, "job left work; backing off");
             std::thread::sleep(Duration::from_millis(500));
@@ -79,9 +98,35 @@ pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
     }
 }
 
+/// Runs `job` to its end (or `stop`), reporting to the pool; the file's new state.
+pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
+    let outcome = zero_job(shared, &job, paced);
+    let (file, by) = (job.file, job.by);
+    let mut inner = shared.lock();
+    inner.pool.add_zeroing_time(outcome.zeroing_nanos);
+    let state = match inner.pool.finish_job(job) {
+        Ok(s) => s.clone(),
+        Err(e) => {
+            tracing::error!(%e, "finishing a job this pool made failed");
+            FileState::Held
+        }
+    };
+    drop(inner);
+    tracing::info!(
+        path = %shared.files.path(file).display(), ?by, zeroed = outcome.zeroed,
+        repopulated = outcome.repopulated, ready = matches!(state, FileState::Ready | FileState::Held),
+        "zeroing job done"
+    );
+    shared.changed.notify_all();
+    if let Err(e) = shared.persist() {
+        tracing::error!(%e, "state file not updated");
+    }
+    state
+}
+
 /// Checks the job's file for holes (repopulating them) and zeroes its dirty pages,
 /// stopping between pages at shutdown. Reports every step to the pool state.
-pub(crate) fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
+fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
     let mut outcome = JobOutcome::default();
     let mut holes: Vec<PageIndex> = Vec::new();
     if job.check_holes {
@@ -141,4 +186,18 @@ pub(crate) fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
         }
     }
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-2,5"), Ok(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpu_list("3"), Ok(vec![3]));
+        for bad in ["", "a", "3-1", "1-", "99999"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad}");
+        }
+    }
 }

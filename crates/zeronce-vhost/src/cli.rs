@@ -10,7 +10,8 @@ use zeronce_balloon::{BalloonOptions, FeatureOffer};
 use zeronce_types::size::parse_size;
 
 use crate::control;
-use crate::server::{self, ServeConfig};
+use crate::hub::ServeConfig;
+use crate::server;
 
 /// `serve`: run the balloon device as a vhost-user back-end.
 #[derive(Args, Debug, Clone)]

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 use thiserror::Error;
 use zeronce_balloon::{BalloonMetrics, GuestStats};
 
-use crate::server::Hub;
+use crate::hub::Hub;
 
 /// Longest request line accepted.
 const MAX_LINE: usize = 4096;
@@ -28,7 +28,7 @@ const MAX_ANSWER: u64 = 1 << 20;
 const MAX_STATS_WAIT: Duration = Duration::from_secs(30);
 
 /// Serves control connections until the hub stops.
-pub fn serve(hub: &Arc<Hub>, listener: &UnixListener) {
+pub(crate) fn serve(hub: &Arc<Hub>, listener: &UnixListener) {
     loop {
         match listener.accept() {
             Ok((s, _)) if !hub.stopping() => {
@@ -83,7 +83,7 @@ fn error(msg: &str) -> Value {
 }
 
 /// Answers one request.
-pub fn handle(hub: &Hub, req: &Value) -> Value {
+pub(crate) fn handle(hub: &Hub, req: &Value) -> Value {
     match req.get("op").and_then(Value::as_str) {
         Some("set") => {
             let Some(pages) = req
@@ -163,7 +163,7 @@ fn status(hub: &Hub, fresh: Option<bool>) -> Value {
 
 /// The device counters; `balloon_inflate` / `balloon_deflate` as Linux names the same
 /// counts in /proc/vmstat.
-pub fn metrics(m: &BalloonMetrics) -> Value {
+pub(crate) fn metrics(m: &BalloonMetrics) -> Value {
     json!({
         "balloon_inflate": m.pages_inflated.get(),
         "balloon_deflate": m.pages_deflated.get(),
@@ -191,7 +191,7 @@ fn stats(s: &GuestStats) -> Value {
 /// --socket` given the wrong path): one refusal naming the control socket, then the
 /// connection ends. The request line is read first, so closing does not reset the
 /// connection before the client reads the answer.
-pub fn refuse_misdirected(stream: &UnixStream, control: &Path) -> io::Result<()> {
+pub(crate) fn refuse_misdirected(stream: &UnixStream, control: &Path) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(1)))?;
     let mut line = String::new();
     let _ = BufReader::new(stream.take(MAX_LINE as u64)).read_line(&mut line);

@@ -25,10 +25,12 @@ pub mod child;
 pub mod cli;
 pub mod control;
 pub mod frontend;
+mod hub;
 pub mod path;
 pub mod relay;
 pub mod server;
 pub mod wire;
 
 pub use backend::BalloonBackend;
-pub use server::{serve, Hub, ServeConfig, ServeError};
+pub use hub::{Hub, ServeConfig};
+pub use server::{serve, ServeError};

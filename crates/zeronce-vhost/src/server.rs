@@ -1,12 +1,12 @@
 //! The daemon: listens on the vhost-user socket, serves one front-end connection at a
 //! time with a fresh [`BalloonBackend`], waits for the next one after a disconnect, and
-//! stops cleanly on SIGINT / SIGTERM (or [`Hub::stop`]).
+//! stops cleanly on SIGINT / SIGTERM (or [`Hub::stop`]). What its threads share is the
+//! [`Hub`] ([`crate::hub`]).
 
 use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,26 +14,12 @@ use thiserror::Error;
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
-use zeronce_balloon::BalloonOptions;
-use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
 use crate::control;
+use crate::hub::{Hub, ServeConfig, Session};
 use crate::path::{BoundSocket, SocketPathError};
 use crate::relay::Relay;
-
-/// What `zeronce serve` needs.
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    /// The vhost-user socket the front-end connects to.
-    pub socket: PathBuf,
-    /// The control socket.
-    pub control: PathBuf,
-    /// Device options (features offered, discard policy).
-    pub balloon: BalloonOptions,
-    /// The initial target (`num_pages`, 4 KiB pages).
-    pub num_pages: u32,
-}
 
 /// Why the daemon could not start or stopped with an error.
 #[derive(Debug, Error)]
@@ -53,88 +39,6 @@ pub enum ServeError {
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServeError {
     move |source| ServeError::Io { what, source }
-}
-
-/// The connection being served.
-struct Session {
-    backend: BalloonBackend,
-    frontend: UnixStream,
-}
-
-/// State shared by the accept loop, the control socket and the signal thread.
-pub struct Hub {
-    config: ServeConfig,
-    target: AtomicU32,
-    connections: AtomicU64,
-    rejected: AtomicU64,
-    stopping: AtomicBool,
-    current: Mutex<Option<Session>>,
-    listeners: Mutex<Vec<UnixListener>>,
-}
-
-impl Hub {
-    fn new(config: ServeConfig) -> Hub {
-        Hub {
-            target: AtomicU32::new(config.num_pages),
-            config,
-            connections: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            current: Mutex::new(None),
-            listeners: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Stops the daemon: no new connections, the current one is closed.
-    pub fn stop(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        for l in lock(&self.listeners).iter() {
-            // Wakes a blocked accept() (Linux returns EINVAL to it).
-            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
-        }
-        if let Some(s) = lock(&self.current).as_ref() {
-            let _ = s.frontend.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    /// Whether [`Hub::stop`] was called.
-    pub fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
-    }
-
-    /// Front-end connections accepted so far.
-    pub fn connections(&self) -> u64 {
-        self.connections.load(Ordering::SeqCst)
-    }
-
-    /// Connections to the vhost-user socket refused because they were not a front-end
-    /// (a control request sent to the wrong socket).
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::SeqCst)
-    }
-
-    /// The target in 4 KiB pages.
-    pub fn target(&self) -> u32 {
-        self.target.load(Ordering::SeqCst)
-    }
-
-    /// Sets the target; a connected guest is told at once.
-    pub fn set_target(&self, pages: u32) {
-        self.target.store(pages, Ordering::SeqCst);
-        if let Some(backend) = self.backend() {
-            backend.lock().device().set_num_pages(pages);
-        }
-    }
-
-    /// The back-end of the connected front-end, if any.
-    pub fn backend(&self) -> Option<BalloonBackend> {
-        lock(&self.current).as_ref().map(|s| s.backend.clone())
-    }
-
-    fn listen(&self, l: &UnixListener) -> io::Result<()> {
-        lock(&self.listeners).push(l.try_clone()?);
-        Ok(())
-    }
 }
 
 /// Runs the daemon until it is stopped; `ready` is called once both sockets listen.
@@ -205,13 +109,13 @@ fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError
         // code; a control request (JSON) starts with '{'.
         match first_byte(hub, &stream) {
             Ok(Some(b'{')) => {
-                let n = hub.rejected.fetch_add(1, Ordering::SeqCst) + 1;
+                let n = hub.count_rejected();
                 tracing::warn!(
                     rejected = n,
-                    control = %hub.config.control.display(),
+                    control = %hub.config().control.display(),
                     "a control request came to the vhost-user socket: refused, not a front-end"
                 );
-                if let Err(e) = control::refuse_misdirected(&stream, &hub.config.control) {
+                if let Err(e) = control::refuse_misdirected(&stream, &hub.config().control) {
                     tracing::debug!(error = %e, "refusing a control request");
                 }
                 continue;
@@ -227,7 +131,7 @@ fn accept_loop(hub: &Arc<Hub>, listener: &UnixListener) -> Result<(), ServeError
                 continue;
             }
         }
-        let n = hub.connections.fetch_add(1, Ordering::SeqCst) + 1;
+        let n = hub.count_connection();
         tracing::info!(connection = n, "front-end connected");
         match session(hub, stream) {
             Ok(()) => tracing::info!(connection = n, "front-end disconnected"),
@@ -258,13 +162,13 @@ fn first_byte(hub: &Hub, stream: &UnixStream) -> io::Result<Option<u8>> {
 /// Serves one front-end connection to its end.
 fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
     let slot = Arc::new(Mutex::new(None));
-    let backend = BalloonBackend::new(hub.config.balloon, hub.target(), Arc::clone(&slot));
+    let backend = BalloonBackend::new(hub.config().balloon, hub.target(), Arc::clone(&slot));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::default());
     let mut daemon = VhostUserDaemon::new("zeronce-balloon".into(), backend.clone(), mem)
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (mut inner_listener, inner) = private_connection()?;
     let relay = Relay::start(frontend.try_clone()?, inner, slot)?;
-    *lock(&hub.current) = Some(Session { backend, frontend });
+    hub.set_session(Some(Session { backend, frontend }));
     if hub.stopping() {
         relay.shutdown();
     }
@@ -281,7 +185,7 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
     }
     relay.shutdown();
     relay.join();
-    *lock(&hub.current) = None;
+    hub.set_session(None);
     result
 }
 

@@ -1,0 +1,132 @@
+//! The daemon's shared state: its configuration, the target that outlives a connection,
+//! its counters and the connection being served. The accept loop ([`crate::server`]), the
+//! control socket and the signal thread all hold it.
+
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use zeronce_balloon::BalloonOptions;
+use zeronce_types::sync::lock;
+
+use crate::backend::BalloonBackend;
+
+/// What `zeronce serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The vhost-user socket the front-end connects to.
+    pub socket: PathBuf,
+    /// The control socket.
+    pub control: PathBuf,
+    /// Device options (features offered, discard policy).
+    pub balloon: BalloonOptions,
+    /// The initial target (`num_pages`, 4 KiB pages).
+    pub num_pages: u32,
+}
+
+/// The connection being served.
+pub(crate) struct Session {
+    /// Its device.
+    pub(crate) backend: BalloonBackend,
+    /// The front-end's socket (shut down to stop the connection).
+    pub(crate) frontend: UnixStream,
+}
+
+/// State shared by the accept loop, the control socket and the signal thread.
+pub struct Hub {
+    config: ServeConfig,
+    target: AtomicU32,
+    connections: AtomicU64,
+    rejected: AtomicU64,
+    stopping: AtomicBool,
+    current: Mutex<Option<Session>>,
+    listeners: Mutex<Vec<UnixListener>>,
+}
+
+impl Hub {
+    pub(crate) fn new(config: ServeConfig) -> Hub {
+        Hub {
+            target: AtomicU32::new(config.num_pages),
+            config,
+            connections: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            current: Mutex::new(None),
+            listeners: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Stops the daemon: no new connections, the current one is closed.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for l in lock(&self.listeners).iter() {
+            // Wakes a blocked accept() (Linux returns EINVAL to it).
+            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
+        }
+        if let Some(s) = lock(&self.current).as_ref() {
+            let _ = s.frontend.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Whether [`Hub::stop`] was called.
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Front-end connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Connections to the vhost-user socket refused because they were not a front-end
+    /// (a control request sent to the wrong socket).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// The target in 4 KiB pages.
+    pub fn target(&self) -> u32 {
+        self.target.load(Ordering::SeqCst)
+    }
+
+    /// Sets the target; a connected guest is told at once.
+    pub fn set_target(&self, pages: u32) {
+        self.target.store(pages, Ordering::SeqCst);
+        if let Some(backend) = self.backend() {
+            backend.lock().device().set_num_pages(pages);
+        }
+    }
+
+    /// The back-end of the connected front-end, if any.
+    pub fn backend(&self) -> Option<BalloonBackend> {
+        lock(&self.current).as_ref().map(|s| s.backend.clone())
+    }
+
+    /// The configuration it serves.
+    pub(crate) fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    /// Counts a front-end connection; the count so far.
+    pub(crate) fn count_connection(&self) -> u64 {
+        self.connections.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Counts a connection refused as not a front-end; the count so far.
+    pub(crate) fn count_rejected(&self) -> u64 {
+        self.rejected.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The connection now served (`None`: it ended).
+    pub(crate) fn set_session(&self, session: Option<Session>) {
+        *lock(&self.current) = session;
+    }
+
+    /// Keeps a duplicate of `l`, to wake its `accept` at [`Hub::stop`].
+    pub(crate) fn listen(&self, l: &UnixListener) -> io::Result<()> {
+        lock(&self.listeners).push(l.try_clone()?);
+        Ok(())
+    }
+}

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use zeronce::DeviceHost;
-use zeronce_vhost::child::ServeProcess;
-use zeronce_vhost::frontend::VhostUserTransport;
+use zeronce_vhost::{ServeProcess, VhostUserTransport};
 
 /// A `zeronce serve` child with its socket in a private directory; stopped (SIGTERM) and
 /// cleaned up when dropped.

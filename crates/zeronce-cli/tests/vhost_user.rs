@@ -81,8 +81,7 @@ fn a_back_end_killed_mid_use_fails_the_driver_with_the_reason_not_the_timeout() 
     use std::time::Duration;
     use zeronce::zeronce_balloon_driver::DriverOptions;
     use zeronce::{DeviceHost, Order, ReportingConfig, VmMemory};
-    use zeronce_vhost::child::ServeProcess;
-    use zeronce_vhost::frontend::VhostUserTransport;
+    use zeronce_vhost::{ServeProcess, VhostUserTransport};
 
     let dir = std::env::temp_dir().join(format!("zeronce-killed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

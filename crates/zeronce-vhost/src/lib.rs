@@ -2,35 +2,47 @@
 //! on rust-vmm `vhost-user-backend`, for any VMM that speaks vhost-user (and for User Mode
 //! Linux, whose `virtio_uml` transport is a vhost-user front-end).
 //!
-//! - [`server`]: listen, serve one front-end connection at a time with a fresh device,
-//!   wait for the next, stop on SIGINT / SIGTERM.
-//! - [`backend`]: the device behind `vhost-user-backend`'s `VhostUserBackend` trait
-//!   (features, config space through `GET_CONFIG`/`SET_CONFIG`, queues, interrupts).
-//! - [`relay`] and [`wire`]: the normalising relay in front of rust-vmm's request
-//!   handler (the 72-byte `SET_MEM_TABLE` of `virtio_uml`) that also keeps the back-end
-//!   request channel, on which `CONFIG_CHANGE_MSG` announces a new target.
-//! - [`control`]: the JSON-lines control socket (target, status, statistics).
-//! - [`cli`]: the `serve` and `balloon` verbs.
-//! - [`path`]: socket path checks.
-//! - [`frontend`]: the other side, for zeronce's own guest driver: its transport over
-//!   vhost-user (rust-vmm `vhost`'s `Frontend`); [`child`]: a `serve` child process.
+//! The index:
+//! - [`serve`]: run the daemon from a [`ServeConfig`] until it is stopped (SIGINT /
+//!   SIGTERM or [`Hub::stop`]); one front-end connection at a time, each with a fresh
+//!   [`BalloonBackend`]; the [`Hub`] is its shared state (target, counters, the
+//!   connection served); [`ServeError`] and [`SocketPathError`] say why it failed.
+//! - [`control`]: the JSON-lines control socket's protocol (target, status, statistics)
+//!   and its client, [`control::request`].
+//! - [`cli`]: the `serve` and `balloon` verbs, shared by the `zeronce` program and this
+//!   crate's `zeronce-vhost` binary.
+//! - [`VhostUserTransport`]: the other side, for zeronce's own guest driver (rust-vmm
+//!   `vhost`'s `Frontend`); [`ServeProcess`]: a `serve` child process.
+//!
+//! Inside: the device behind `vhost-user-backend`'s trait (`backend`: features, config
+//! space through `GET_CONFIG`/`SET_CONFIG`, queues, interrupts), the accept loop
+//! (`server`) over the shared state (`hub`), the normalising relay in front of rust-vmm's
+//! request handler (`relay`, `wire`: the 72-byte `SET_MEM_TABLE` of `virtio_uml`, and
+//! the back-end request channel on which `CONFIG_CHANGE_MSG` announces a new target), and
+//! the socket path checks (`path`).
 //!
 //! Where the daemon sits in the whole system, and how it maps the guest's memory: the
 //! repository's `docs/ARCHITECTURE.md` (§2, §9).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod backend;
-pub mod child;
+mod backend;
+mod child;
 pub mod cli;
 pub mod control;
-pub mod frontend;
+mod frontend;
 mod hub;
-pub mod path;
-pub mod relay;
-pub mod server;
-pub mod wire;
+mod path;
+mod relay;
+mod server;
+mod wire;
 
-pub use backend::BalloonBackend;
+#[cfg(test)]
+mod protocol_tests;
+
+pub use backend::{BalloonBackend, DeviceGuard};
+pub use child::ServeProcess;
+pub use frontend::VhostUserTransport;
 pub use hub::{Hub, ServeConfig};
+pub use path::SocketPathError;
 pub use server::{serve, ServeError};

@@ -87,11 +87,6 @@ impl BoundSocket {
     pub fn listener(&self) -> &UnixListener {
         &self.listener
     }
-
-    /// The path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for BoundSocket {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use zeronce_vhost::child::ServeProcess;
+use zeronce_vhost::ServeProcess;
 
 const MIB: u64 = 1 << 20;
 /// Generous bound for things that have no required latency (boot, a config change).

@@ -2,6 +2,7 @@
 //! `SET_MEM_TABLE` of Linux `virtio_uml` is accepted, the config space answers through
 //! `GET_CONFIG`, a new target set on the control socket arrives as `CONFIG_CHANGE_MSG` on
 //! the back-end channel, and the daemon serves the next front-end after a disconnect.
+//! (A test inside the crate: it frames messages with the relay's own `wire` code.)
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -10,9 +11,10 @@ use std::sync::{mpsc, Arc};
 
 use serde_json::json;
 use zeronce_balloon::BalloonOptions;
-use zeronce_vhost::relay::{recv_message, send_message};
-use zeronce_vhost::wire::{self, Header};
-use zeronce_vhost::{control, Hub, ServeConfig};
+
+use crate::relay::{recv_message, send_message};
+use crate::wire::{self, Header};
+use crate::{control, Hub, ServeConfig};
 
 const GET_FEATURES: u32 = 1;
 const SET_FEATURES: u32 = 2;
@@ -46,7 +48,7 @@ impl Daemon {
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
-            zeronce_vhost::serve(config, |hub| tx.send(Arc::clone(hub)).unwrap()).unwrap();
+            crate::serve(config, |hub| tx.send(Arc::clone(hub)).unwrap()).unwrap();
         });
         let hub = rx.recv().expect("the daemon started");
         Daemon {

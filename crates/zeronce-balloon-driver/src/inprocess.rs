@@ -22,12 +22,14 @@ use std::time::Instant;
 
 use vm_memory::GuestMemoryMmap;
 
-use crate::{QueueAddrs, Transport, TransportError};
 use zeronce_balloon::device::{BalloonDevice, InterruptSignal};
 use zeronce_balloon::discard::Discarder;
 use zeronce_balloon::error::BalloonError;
 use zeronce_balloon::features::FeatureSet;
+use zeronce_balloon::guest_ring::QueueAddrs;
 use zeronce_balloon::metrics::BalloonMetrics;
+
+use crate::transport::{Transport, TransportError};
 
 type Reply<T> = Sender<T>;
 

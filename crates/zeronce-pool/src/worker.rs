@@ -1,5 +1,6 @@
-//! The zeroing workers and the zeroing of one job's pages (shared with `take` and
-//! `prezero`, which run jobs on the requesting thread).
+//! The zeroing workers, the operator's limits on them ([`WorkerConfig`], its CPU list
+//! read by [`parse_cpu_list`]), and the running of one job (shared with `take` and
+//! `prezero`, which run jobs on the requesting thread: [`run_job`]).
 
 use std::time::{Duration, Instant};
 

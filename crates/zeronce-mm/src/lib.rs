@@ -74,18 +74,16 @@ mod zone;
 /// Poison-tolerant locking, defined in `zeronce-types` for every crate.
 pub use zeronce_types::sync;
 
-pub use error::{
-    AllocError, ConfigError, FreeError, InvariantViolation, MarkError, OrderError, PutBackError,
-};
+pub use error::{AllocError, ConfigError, FreeError, InvariantViolation, MarkError, PutBackError};
 pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, PutBack, ReportNotifier,
-    ReportedNotZero, ZeroGuarantee, Zeroing,
+    ZeroGuarantee, Zeroing,
 };
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
 pub use stats::{FreeCounts, Stats, ZoneInfo};
 pub use types::{
-    Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,
-    MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
+    Block, FreeState, Order, OrderError, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER,
+    DEFAULT_REPORTING_ORDER, MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
 };
 pub use zeroing::{hint_last_order, NoopZeroer, Zeroer};
-pub use zone::IsolatedBlock;
+pub use zone::{IsolatedBlock, ReportedNotZero};

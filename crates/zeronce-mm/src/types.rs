@@ -1,7 +1,7 @@
 //! Basic vocabulary: page frame numbers, orders, ranges, blocks and free-block states.
 
-use crate::error::OrderError;
 use std::fmt;
+use thiserror::Error;
 
 /// Size of one page frame in bytes: [`zeronce_types::PAGE_SIZE`] (4 KiB, whatever the host
 /// page size) as a `u64`, the type frame arithmetic is done in here.
@@ -108,6 +108,14 @@ impl fmt::Display for Order {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "order {}", self.0)
     }
+}
+
+/// An order above [`crate::MAX_ORDER_LIMIT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("order {order} is above the limit {}", crate::MAX_ORDER_LIMIT)]
+pub struct OrderError {
+    /// The rejected order.
+    pub order: u8,
 }
 
 /// A contiguous run of pages.

@@ -51,6 +51,11 @@
 //! **Invariants** ([`MemoryManager::check_invariants`]): allocated + free + isolated +
 //! cached = total; every frame in exactly one aligned block; free lists, counters and
 //! tags consistent; no two free buddies of equal order left unmerged.
+//!
+//! **Index**: the manager and its vocabulary are re-exported here; the two subsystems
+//! built on it are modules with their own short index: [`reporting`] (the engine, its
+//! worker thread and the device it reports to) and [`hugepool`] (the huge-page pool's
+//! state and its "zeroable" events). Every other module is private.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 // Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
@@ -62,28 +67,36 @@
 )]
 
 mod error;
-pub mod hugepool;
 mod manager;
 mod pcp;
-pub mod reporting;
 mod stats;
 mod types;
 mod zeroing;
 mod zone;
 
+pub mod hugepool;
+pub mod reporting;
+
 /// Poison-tolerant locking, defined in `zeronce-types` for every crate.
 pub use zeronce_types::sync;
 
+/// Typed errors of the manager's calls.
 pub use error::{AllocError, ConfigError, FreeError, InvariantViolation, MarkError, PutBackError};
+/// The manager, what it is asked for and what it hands out.
 pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, PutBack, ReportNotifier,
     ZeroGuarantee, Zeroing,
 };
+/// The per-thread cache of small blocks.
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
+/// Counters and the free-list census.
 pub use stats::{FreeCounts, Stats, ZoneInfo};
+/// Frames, orders, blocks and their free states.
 pub use types::{
     Block, FreeState, Order, OrderError, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER,
     DEFAULT_REPORTING_ORDER, MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
 };
+/// Who zeroes a block handed out on a zero-request.
 pub use zeroing::{hint_last_order, NoopZeroer, Zeroer};
+/// Blocks isolated for reporting, and where reported dirty blocks live.
 pub use zone::{IsolatedBlock, ReportedNotZero};

@@ -28,7 +28,7 @@
 //! trailing event (see [`events`]).
 
 mod check;
-pub mod events;
+mod events;
 mod types;
 
 use std::collections::{HashMap, VecDeque};

@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use zeronce_mem::clock::deadline_after;
-use zeronce_mem::vm::{self, GuestDiscardError};
-use zeronce_mem::{Backing, DiscardOp};
+use zeronce_mem::{
+    describe_region, discard_guest_range, populate_guest_range, Backing, DiscardOp,
+    GuestDiscardError,
+};
 
 /// Why a [`Discarder`] could not describe or discard a guest range. The device only logs
 /// it and counts it (`discard_errors`): a failed discard never promises zero. A VMM that
@@ -154,7 +156,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
                 return Ok(b);
             }
         }
-        let info = vm::describe_region(mem, region_start, self.hugetlb_page_size)?;
+        let info = describe_region(mem, region_start, self.hugetlb_page_size)?;
         if let Some((host, len)) = key {
             self.cache.insert(region_start.0, (host, len, info.backing));
         }
@@ -169,7 +171,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         op: DiscardOp,
         backing: Backing,
     ) -> Result<(), DiscardError> {
-        Ok(vm::discard_guest_range(mem, gpa, len, op, backing)?)
+        Ok(discard_guest_range(mem, gpa, len, op, backing)?)
     }
 
     fn prefault(
@@ -178,7 +180,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         gpa: GuestAddress,
         len: u64,
     ) -> Result<(), DiscardError> {
-        Ok(vm::populate_guest_range(mem, gpa, len)?)
+        Ok(populate_guest_range(mem, gpa, len)?)
     }
 }
 
@@ -197,7 +199,7 @@ pub struct PlannedDiscard {
 
 /// What a plan's successful ranges yield.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PlanResult {
+pub(crate) struct PlanResult {
     /// Bytes discarded successfully.
     pub bytes: u64,
     /// Whether every range was discarded with a zero guarantee.
@@ -210,7 +212,7 @@ pub struct PlanResult {
 
 /// Runs `plan` with `policy`'s op through `discarder`. `promise` = whether zero promises
 /// may be made at all (bits 6/7 in effect, not poisoned, not confidential).
-pub fn execute<M, D>(
+pub(crate) fn execute<M, D>(
     plan: &[PlannedDiscard],
     policy: DiscardPolicy,
     promise: bool,
@@ -250,7 +252,7 @@ where
 /// The deadline for a request held under `policy` at `now` (`None`: not held). A delay
 /// past what the clock can represent (`Duration::MAX`) holds "forever" instead of
 /// panicking on the first request.
-pub fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
+pub(crate) fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
     match policy {
         DiscardPolicy::Hold(delay) => Some(deadline_after(now, delay)),
         _ => None,

@@ -84,7 +84,7 @@ pub struct RegionInfo {
 /// Derives the [`Backing`] of `region`. `hugetlb_page_size` overrides the huge page size
 /// (and marks a file-backed region as hugetlb) when the VMM knows it; otherwise hugetlbfs
 /// is detected with `fstatfs` and its page size read from the file's block size.
-pub fn region_backing<B: Bitmap>(
+pub(crate) fn region_backing<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     hugetlb_page_size: Option<usize>,
 ) -> Result<Backing, GuestDiscardError> {

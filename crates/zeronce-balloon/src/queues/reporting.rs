@@ -15,7 +15,7 @@ const Q: QueueKind = QueueKind::Reporting;
 
 /// A validated report: the blocks to discard and the chain's total length.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// One planned discard per block.
     pub blocks: Vec<PlannedDiscard>,
     /// Sum of the buffer lengths (the `used_len` of a full zero promise).
@@ -25,7 +25,7 @@ pub struct Report {
 /// Validates a reporting chain and plans its discards: every buffer device-writable,
 /// non-empty, at most [`MAX_REPORT_BLOCK`], inside one region, aligned to the region's
 /// backing page size. Any violation refuses the whole chain.
-pub fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
+pub(crate) fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
 where
     M: GuestMemoryBackend + ?Sized,
     D: Discarder<M> + ?Sized,

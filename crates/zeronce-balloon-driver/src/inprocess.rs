@@ -25,7 +25,7 @@ use vm_memory::GuestMemoryMmap;
 use crate::{QueueAddrs, Transport, TransportError};
 use zeronce_balloon::device::{BalloonDevice, InterruptSignal};
 use zeronce_balloon::discard::Discarder;
-use zeronce_balloon::error::BalloonError;
+use zeronce_balloon::error::{BalloonError, QueueError};
 use zeronce_balloon::features::FeatureSet;
 use zeronce_balloon::metrics::BalloonMetrics;
 
@@ -239,7 +239,7 @@ fn activate<D, I: InterruptSignal>(
         .iter()
         .map(|a| {
             a.device_queue()
-                .ok_or_else(|| BalloonError::Queue(format!("invalid queue size {}", a.size)))
+                .ok_or_else(|| BalloonError::Queue(QueueError::InvalidSize(a.size)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     dev.activate(queues)

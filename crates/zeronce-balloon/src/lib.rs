@@ -74,7 +74,7 @@ pub use device::{BalloonDevice, BalloonOptions, InterruptSignal, QueueReport};
 /// How and with what the device discards guest memory.
 pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder};
 /// Errors: what went wrong, and which kind of malformed guest request it was.
-pub use error::{BalloonError, MalformedKind, NotReadyReason};
+pub use error::{BalloonError, MalformedKind, NotReadyReason, QueueError};
 /// Feature bits, their negotiation and the queue layout they imply.
 pub use features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
 /// The device's counters.

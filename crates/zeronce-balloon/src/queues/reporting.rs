@@ -7,7 +7,7 @@ use vm_memory::GuestMemoryBackend;
 
 use super::{region_range, Desc};
 use crate::discard::{Discarder, PlannedDiscard};
-use crate::error::BalloonError;
+use crate::error::{BalloonError, QueueError};
 use crate::features::QueueKind;
 use crate::spec::limits::MAX_REPORT_BLOCK;
 
@@ -51,7 +51,10 @@ where
         let r = region_range(mem, Q, d.addr, len)?;
         let backing = discarder.backing(mem, r.region_start).map_err(|e| {
             tracing::debug!(gpa = d.addr.0, error = %e, "cannot determine backing");
-            BalloonError::Queue(format!("backing of region {:#x}: {e}", r.region_start.0))
+            QueueError::Backing {
+                region: r.region_start.0,
+                source: e,
+            }
         })?;
         let ps = backing.page_size() as u64;
         if !d.addr.0.is_multiple_of(ps) || !len.is_multiple_of(ps) {

@@ -55,7 +55,8 @@
 //! **Index**: the manager and its vocabulary are re-exported here; the two subsystems
 //! built on it are modules with their own short index: [`reporting`] (the engine, its
 //! worker thread and the device it reports to) and [`hugepool`] (the huge-page pool's
-//! state and its "zeroable" events). Every other module is private.
+//! state and its "zeroable" events). Every other module is private. The Cargo feature
+//! `test-utils` adds `mock`: a configurable reporting device for tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 // Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
@@ -75,6 +76,8 @@ mod zeroing;
 mod zone;
 
 pub mod hugepool;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod mock;
 pub mod reporting;
 
 /// Poison-tolerant locking, defined in `zeronce-types` for every crate.

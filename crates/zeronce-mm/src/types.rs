@@ -93,13 +93,13 @@ impl Order {
 
     /// The next larger order (`None` at [`MAX_ORDER_LIMIT`]).
     #[inline]
-    pub fn higher(self) -> Option<Order> {
+    pub(crate) fn higher(self) -> Option<Order> {
         Order::new(self.0 + 1).ok()
     }
 
     /// Every order from `self` up to and including `max`, ascending.
     #[inline]
-    pub fn up_to(self, max: Order) -> impl Iterator<Item = Order> {
+    pub(crate) fn up_to(self, max: Order) -> impl Iterator<Item = Order> {
         (self.0..=max.0).map(Order)
     }
 }

@@ -356,7 +356,7 @@ impl HugePool {
     }
 
     /// Page counts of `node`.
-    pub fn node_counts(&self, node: ZoneId) -> PoolCounts {
+    pub(crate) fn node_counts(&self, node: ZoneId) -> PoolCounts {
         self.nodes
             .get(node.0)
             .map_or_else(PoolCounts::default, |n| PoolCounts {

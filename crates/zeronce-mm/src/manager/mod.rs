@@ -277,7 +277,7 @@ impl MemoryManager {
     }
 
     /// Number of zones (ids are `0..zone_count()`).
-    pub fn zone_count(&self) -> usize {
+    pub(crate) fn zone_count(&self) -> usize {
         self.zones.len()
     }
 

@@ -96,7 +96,7 @@ pub enum ReportingConfigError {
 impl ReportingConfig {
     /// Checks the configuration and lowers the capacity to what the device accepts
     /// (rounded down to a power of two, as Linux's budget division expects).
-    pub fn fitted(mut self, device_capacity: usize) -> Result<Self, ReportingConfigError> {
+    pub(crate) fn fitted(mut self, device_capacity: usize) -> Result<Self, ReportingConfigError> {
         if self.capacity == 0 || !self.capacity.is_power_of_two() {
             return Err(ReportingConfigError::Capacity(self.capacity));
         }

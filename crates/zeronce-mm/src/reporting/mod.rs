@@ -40,5 +40,6 @@ pub use config::{BudgetPolicy, ReportingConfig, ReportingConfigError};
 pub use device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 pub use engine::{PassKind, PassReport, PassStats, ReportingEngine, ReportingStats};
 pub use hooks::ManagerHooks;
-pub use state::Phase;
+#[cfg(test)]
+use state::Phase;
 pub use worker::{Notifier, Reporter, ReporterHealth};

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Where the engine is in its request cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Nothing to do; the next reportable free must wake the worker.
     Idle,
     /// A pass is wanted (after the delay); frees need not wake anyone.

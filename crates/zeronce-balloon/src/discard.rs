@@ -82,7 +82,7 @@ pub enum DiscardPolicy {
 
 impl DiscardPolicy {
     /// The op this policy uses on `backing`.
-    pub fn op_for(self, backing: Backing) -> DiscardOp {
+    pub(crate) fn op_for(self, backing: Backing) -> DiscardOp {
         match self {
             DiscardPolicy::Lazy if DiscardOp::Free.supported_on(backing) => DiscardOp::Free,
             _ => DiscardOp::best_for(backing),
@@ -90,7 +90,7 @@ impl DiscardPolicy {
     }
 
     /// Whether a successful discard of `backing` under this policy reads zero afterwards.
-    pub fn promises_zero(self, backing: Backing) -> bool {
+    pub(crate) fn promises_zero(self, backing: Backing) -> bool {
         self != DiscardPolicy::Lazy && self.op_for(backing).guarantees_zero(backing)
     }
 }

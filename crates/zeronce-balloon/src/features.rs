@@ -218,12 +218,12 @@ impl Negotiated {
     /// Whether the device may promise zero at all: not when `PAGE_POISON` is negotiated
     /// with a nonzero `poison_val` (the guest expects poison, not zeros, in free pages;
     /// the "skip redundant zeroing" series' driver clears bits 6 and 7 in that case).
-    pub fn poison_forbids_zero(self, poison_val: u32) -> bool {
+    pub(crate) fn poison_forbids_zero(self, poison_val: u32) -> bool {
         self.has(Feature::PagePoison) && poison_val != 0
     }
 
     /// Whether reporting `used_len` carries a zero promise (bit 6 in effect).
-    pub fn init_reported(self, poison_val: u32) -> bool {
+    pub(crate) fn init_reported(self, poison_val: u32) -> bool {
         self.has(Feature::DeviceInitReported) && !self.poison_forbids_zero(poison_val)
     }
 
@@ -234,7 +234,7 @@ impl Negotiated {
     }
 
     /// Whether inflate bitmap bits may be set (bit 7 in effect).
-    pub fn init_on_inflate(self, poison_val: u32) -> bool {
+    pub(crate) fn init_on_inflate(self, poison_val: u32) -> bool {
         self.inflate_bitmap() && !self.poison_forbids_zero(poison_val)
     }
 

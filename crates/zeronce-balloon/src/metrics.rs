@@ -21,7 +21,7 @@ impl Counter {
     }
 
     /// Adds one and returns the new value.
-    pub fn inc_get(&self) -> u64 {
+    pub(crate) fn inc_get(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed) + 1
     }
 

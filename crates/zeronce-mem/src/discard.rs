@@ -132,7 +132,7 @@ impl DiscardOp {
 
 impl DiscardOp {
     /// [`DiscardOp::guarantees_zero`] as a [`ZeroGuarantee`].
-    pub fn zero_guarantee(self, backing: Backing) -> ZeroGuarantee {
+    pub(crate) fn zero_guarantee(self, backing: Backing) -> ZeroGuarantee {
         if self.guarantees_zero(backing) {
             ZeroGuarantee::Zeroed
         } else {

@@ -66,7 +66,7 @@ impl ZeroKernel {
     }
 
     /// Whether this CPU can run this kernel.
-    pub fn is_available(self) -> bool {
+    pub(crate) fn is_available(self) -> bool {
         match self {
             ZeroKernel::WriteBytes => true,
             #[cfg(target_arch = "x86_64")]
@@ -103,7 +103,7 @@ impl ZeroKernel {
 
     /// The best cache-allocating kernel: `rep stosb` where ERMS makes it fast, else
     /// `write_bytes`.
-    pub fn cache_friendly() -> ZeroKernel {
+    pub(crate) fn cache_friendly() -> ZeroKernel {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("ermsb") {
             return ZeroKernel::RepStosb;

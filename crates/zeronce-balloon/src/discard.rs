@@ -2,7 +2,7 @@
 //!
 //! Queue handlers only *plan* (pure: which guest ranges, which op, which promise); a
 //! [`Discarder`] performs the effects. [`MmapDiscarder`] is the real one (through
-//! `zeronce_mem::vm`, where the `unsafe` lives); [`crate::mock::RecordingDiscarder`]
+//! `zeronce-mem`'s vm-memory bridge, where the `unsafe` lives); [`crate::mock::RecordingDiscarder`]
 //! records calls for tests.
 //!
 //! # Policies and what bits 6 / 7 can honestly promise
@@ -118,7 +118,7 @@ pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
 }
 
 /// The real discarder for [`GuestMemoryMmap`] memory: derives each region's backing from
-/// vm-memory (cached per region) and discards through `zeronce_mem::vm`.
+/// vm-memory (cached per region) and discards through `zeronce-mem`'s vm-memory bridge.
 #[derive(Debug, Default)]
 pub struct MmapDiscarder {
     hugetlb_page_size: Option<usize>,

@@ -54,7 +54,7 @@ impl Feature {
     ];
 
     /// The bit number.
-    pub fn bit(self) -> u32 {
+    pub(crate) fn bit(self) -> u32 {
         self as u32
     }
 
@@ -100,7 +100,7 @@ impl FeatureSet {
 
     /// Bits in both sets.
     #[must_use]
-    pub fn intersect(self, other: FeatureSet) -> FeatureSet {
+    pub(crate) fn intersect(self, other: FeatureSet) -> FeatureSet {
         FeatureSet(self.0 & other.0)
     }
 
@@ -211,7 +211,7 @@ impl Negotiated {
     }
 
     /// Whether `f` was negotiated.
-    pub fn has(self, f: Feature) -> bool {
+    pub(crate) fn has(self, f: Feature) -> bool {
         self.0.contains(f)
     }
 

@@ -87,7 +87,7 @@ impl Order {
 
     /// The next smaller order (`None` at order 0).
     #[inline]
-    pub fn lower(self) -> Option<Order> {
+    pub(crate) fn lower(self) -> Option<Order> {
         self.0.checked_sub(1).map(Order)
     }
 

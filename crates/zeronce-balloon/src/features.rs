@@ -72,7 +72,7 @@ impl FeatureSet {
     /// No features.
     pub const EMPTY: FeatureSet = FeatureSet(0);
 
-    /// The set from raw bits (unknown bits are kept; [`FeatureSet::intersect`] with the
+    /// The set from raw bits (unknown bits are kept; `FeatureSet::intersect` with the
     /// offered set removes them).
     pub fn from_bits(bits: u64) -> FeatureSet {
         FeatureSet(bits)

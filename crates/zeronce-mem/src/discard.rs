@@ -119,7 +119,7 @@ impl DiscardOp {
         }
     }
 
-    /// Whether the kernel accepts this op on `backing` at all (otherwise [`discard_raw`]
+    /// Whether the kernel accepts this op on `backing` at all (otherwise `discard_raw`
     /// returns [`DiscardError::Unsupported`] without a system call).
     pub fn supported_on(self, backing: Backing) -> bool {
         match self {

@@ -324,7 +324,7 @@ impl GuestRam {
 
     /// Faults `[offset, offset + len)` in for writing without changing its contents, one
     /// byte every `stride` bytes (a `stride` of 0 means [`PAGE_SIZE`]); see
-    /// [`touch_for_write`].
+    /// `touch_for_write`.
     pub fn touch(&mut self, offset: usize, len: usize, stride: usize) -> Result<(), RangeError> {
         let r = self.check(offset, len)?;
         touch_for_write(&mut self.as_mut_slice()[r], stride);

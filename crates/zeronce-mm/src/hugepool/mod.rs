@@ -25,7 +25,7 @@
 //!
 //! **Notification** ([`HugePool::set_event_hook`]): an [`EventHook`] is called when a
 //! node's zeroable count grows, rate-limited per node by an injected [`Clock`] with a
-//! trailing event (see [`events`]).
+//! trailing event (see `events`).
 
 mod check;
 mod events;

@@ -27,7 +27,7 @@ const LOG_FIRST: u64 = 10;
 pub struct ReporterHealth {
     /// The worker thread runs. A device panic in a pass does not end it: the panic is
     /// caught and counted, the pass's isolated blocks go back, and the worker retries
-    /// after a back-off ([`BACKOFF_FIRST`], doubling, at most [`BACKOFF_MAX`]).
+    /// after a back-off (100 ms, doubling, at most 60 s).
     pub worker_alive: bool,
     /// Background passes the device panicked in.
     pub panics: u64,

@@ -2,8 +2,8 @@
 //!
 //! Queue handlers only *plan* (pure: which guest ranges, which op, which promise); a
 //! [`Discarder`] performs the effects. [`MmapDiscarder`] is the real one (through
-//! `zeronce-mem`'s vm-memory bridge, where the `unsafe` lives); `mock::RecordingDiscarder` (feature `test-utils`)
-//! records calls for tests.
+//! `zeronce-mem`'s vm-memory bridge, where the `unsafe` lives); `mock::RecordingDiscarder`
+//! (feature `test-utils`) records calls for tests.
 //!
 //! # Policies and what bits 6 / 7 can honestly promise
 //!

@@ -1,5 +1,6 @@
-//! Shared by the hostile-guest tests: the hole's address, the hold policy, and the refusal check (typed
-//! error counted, `used_len` 0, nothing discarded, the queue still serving).
+//! Shared by the hostile-guest tests: the hole's address, the hold policy, and the
+//! refusal check (typed error counted, `used_len` 0, nothing discarded, the queue still
+//! serving).
 
 use std::time::Duration;
 

@@ -24,7 +24,7 @@ use vm_memory::GuestMemoryMmap;
 
 use zeronce_balloon::device::{BalloonDevice, InterruptSignal};
 use zeronce_balloon::discard::Discarder;
-use zeronce_balloon::error::BalloonError;
+use zeronce_balloon::error::{BalloonError, QueueError};
 use zeronce_balloon::features::FeatureSet;
 use zeronce_balloon::guest_ring::QueueAddrs;
 use zeronce_balloon::metrics::BalloonMetrics;
@@ -241,7 +241,7 @@ fn activate<D, I: InterruptSignal>(
         .iter()
         .map(|a| {
             a.device_queue()
-                .ok_or_else(|| BalloonError::Queue(format!("invalid queue size {}", a.size)))
+                .ok_or_else(|| BalloonError::Queue(QueueError::InvalidSize(a.size)))
         })
         .collect::<Result<Vec<_>, _>>()?;
     dev.activate(queues)

@@ -10,7 +10,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryBackend;
 
 use crate::config::ConfigSpace;
-use crate::error::{BalloonError, NotReadyReason};
+use crate::error::{BalloonError, NotReadyReason, QueueError};
 use crate::features::{Feature, FeatureSet, Negotiated, QueueKind, QueueLayout};
 use crate::inflight::InFlight;
 pub use crate::interrupt::InterruptSignal;
@@ -268,8 +268,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             return Ok(false);
         };
         let q = &mut queues[usize::from(index)];
-        q.add_used(mem, head, 0)
-            .map_err(|e| BalloonError::Queue(e.to_string()))?;
+        q.add_used(mem, head, 0).map_err(QueueError::from)?;
         self.stats_head = None;
         self.interrupt.signal_used_queue(index);
         Ok(true)

@@ -2,8 +2,8 @@
 //!
 //! Queue handlers only *plan* (pure: which guest ranges, which op, which promise); a
 //! [`Discarder`] performs the effects. [`MmapDiscarder`] is the real one (through
-//! `zeronce_mem::vm`, where the `unsafe` lives); [`crate::mock::RecordingDiscarder`]
-//! records calls for tests.
+//! `zeronce-mem`'s vm-memory bridge, where the `unsafe` lives); `mock::RecordingDiscarder`
+//! (feature `test-utils`) records calls for tests.
 //!
 //! # Policies and what bits 6 / 7 can honestly promise
 //!
@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-use zeronce_mem::vm::{self, GuestDiscardError};
-use zeronce_mem::{Backing, DiscardOp};
+use zeronce_mem::{
+    describe_region, discard_guest_range, populate_guest_range, Backing, DiscardOp,
+    GuestDiscardError,
+};
 use zeronce_types::clock::deadline_after;
 
 /// Why a [`Discarder`] could not describe or discard a guest range. The device only logs
@@ -80,7 +82,7 @@ pub enum DiscardPolicy {
 
 impl DiscardPolicy {
     /// The op this policy uses on `backing`.
-    pub fn op_for(self, backing: Backing) -> DiscardOp {
+    pub(crate) fn op_for(self, backing: Backing) -> DiscardOp {
         match self {
             DiscardPolicy::Lazy if DiscardOp::Free.supported_on(backing) => DiscardOp::Free,
             _ => DiscardOp::best_for(backing),
@@ -88,7 +90,7 @@ impl DiscardPolicy {
     }
 
     /// Whether a successful discard of `backing` under this policy reads zero afterwards.
-    pub fn promises_zero(self, backing: Backing) -> bool {
+    pub(crate) fn promises_zero(self, backing: Backing) -> bool {
         self != DiscardPolicy::Lazy && self.op_for(backing).guarantees_zero(backing)
     }
 }
@@ -116,7 +118,7 @@ pub trait Discarder<M: GuestMemoryBackend + ?Sized> {
 }
 
 /// The real discarder for [`GuestMemoryMmap`] memory: derives each region's backing from
-/// vm-memory (cached per region) and discards through `zeronce_mem::vm`.
+/// vm-memory (cached per region) and discards through `zeronce-mem`'s vm-memory bridge.
 #[derive(Debug, Default)]
 pub struct MmapDiscarder {
     hugetlb_page_size: Option<usize>,
@@ -154,7 +156,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
                 return Ok(b);
             }
         }
-        let info = vm::describe_region(mem, region_start, self.hugetlb_page_size)?;
+        let info = describe_region(mem, region_start, self.hugetlb_page_size)?;
         if let Some((host, len)) = key {
             self.cache.insert(region_start.0, (host, len, info.backing));
         }
@@ -169,7 +171,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         op: DiscardOp,
         backing: Backing,
     ) -> Result<(), DiscardError> {
-        Ok(vm::discard_guest_range(mem, gpa, len, op, backing)?)
+        Ok(discard_guest_range(mem, gpa, len, op, backing)?)
     }
 
     fn prefault(
@@ -178,7 +180,7 @@ impl<B: Bitmap> Discarder<GuestMemoryMmap<B>> for MmapDiscarder {
         gpa: GuestAddress,
         len: u64,
     ) -> Result<(), DiscardError> {
-        Ok(vm::populate_guest_range(mem, gpa, len)?)
+        Ok(populate_guest_range(mem, gpa, len)?)
     }
 }
 
@@ -197,7 +199,7 @@ pub struct PlannedDiscard {
 
 /// What a plan's successful ranges yield.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PlanResult {
+pub(crate) struct PlanResult {
     /// Bytes discarded successfully.
     pub bytes: u64,
     /// Whether every range was discarded with a zero guarantee.
@@ -210,7 +212,7 @@ pub struct PlanResult {
 
 /// Runs `plan` with `policy`'s op through `discarder`. `promise` = whether zero promises
 /// may be made at all (bits 6/7 in effect, not poisoned, not confidential).
-pub fn execute<M, D>(
+pub(crate) fn execute<M, D>(
     plan: &[PlannedDiscard],
     policy: DiscardPolicy,
     promise: bool,
@@ -250,7 +252,7 @@ where
 /// The deadline for a request held under `policy` at `now` (`None`: not held). A delay
 /// past what the clock can represent (`Duration::MAX`) holds "forever" instead of
 /// panicking on the first request.
-pub fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
+pub(crate) fn hold_deadline(policy: DiscardPolicy, now: Instant) -> Option<Instant> {
     match policy {
         DiscardPolicy::Hold(delay) => Some(deadline_after(now, delay)),
         _ => None,

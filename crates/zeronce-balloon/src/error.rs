@@ -3,15 +3,58 @@
 
 use vm_memory::GuestAddress;
 
+use crate::discard::DiscardError;
 use crate::features::QueueKind;
 
-/// The classes of malformed or hostile guest input, one counter each in
-/// [`crate::metrics::BalloonMetrics`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum MalformedKind {
+/// Declares [`MalformedKind`], one variant per malformed-input variant of [`BalloonError`]
+/// (same name), and from that one list: the counter index, the label, [`MalformedKind::ALL`],
+/// [`MalformedKind::COUNT`] and [`BalloonError::kind`]. The VMM-side variants are named
+/// after `;` so the match stays exhaustive: a new error variant must pick a side.
+macro_rules! malformed_kinds {
+    ($($(#[doc = $doc:literal])+ $kind:ident,)+ ; $($vmm:ident),+) => {
+        /// The classes of malformed or hostile guest input, one counter each in
+        /// [`crate::metrics::BalloonMetrics`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum MalformedKind {
+            $($(#[doc = $doc])+ $kind,)+
+        }
+
+        impl MalformedKind {
+            /// Every kind, in counter order.
+            pub const ALL: [MalformedKind; MalformedKind::COUNT] = [$(MalformedKind::$kind),+];
+
+            /// Number of kinds (size of the counter array).
+            pub const COUNT: usize = [$(MalformedKind::$kind),+].len();
+
+            /// Index of this kind's counter.
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The kind's name, as a label for logs and exported metrics.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(MalformedKind::$kind => stringify!($kind),)+
+                }
+            }
+        }
+
+        impl BalloonError {
+            /// The malformed-input class of this error, or `None` for VMM-side errors.
+            pub fn kind(&self) -> Option<MalformedKind> {
+                match self {
+                    $(BalloonError::$kind { .. } => Some(MalformedKind::$kind),)+
+                    $(BalloonError::$vmm { .. } => None,)+
+                }
+            }
+        }
+    };
+}
+
+malformed_kinds! {
     /// A PFN or buffer outside guest RAM or in a hole between regions.
-    OutOfGuestMemory = 0,
+    OutOfGuestMemory,
     /// An address + length that overflows 64 bits.
     AddressOverflow,
     /// A zero-length buffer.
@@ -54,41 +97,8 @@ pub enum MalformedKind {
     InvalidHead,
     /// An indirect descriptor, though `VIRTIO_F_INDIRECT_DESC` is never offered.
     IndirectDescriptor,
-}
-
-impl MalformedKind {
-    /// Number of kinds (size of the counter array).
-    pub const COUNT: usize = 21;
-
-    /// Every kind, in counter order.
-    pub const ALL: [MalformedKind; MalformedKind::COUNT] = [
-        MalformedKind::OutOfGuestMemory,
-        MalformedKind::AddressOverflow,
-        MalformedKind::EmptyBuffer,
-        MalformedKind::BufferTooLarge,
-        MalformedKind::WrongDirection,
-        MalformedKind::BadChain,
-        MalformedKind::BitmapTooShort,
-        MalformedKind::PfnArrayLength,
-        MalformedKind::Misaligned,
-        MalformedKind::CrossesRegion,
-        MalformedKind::StatsLength,
-        MalformedKind::StatsOverflow,
-        MalformedKind::ConfigOutOfRange,
-        MalformedKind::ConfigReadOnly,
-        MalformedKind::NotReady,
-        MalformedKind::UnknownQueue,
-        MalformedKind::UnofferedFeature,
-        MalformedKind::DescriptorInFlight,
-        MalformedKind::DiscardOverlap,
-        MalformedKind::InvalidHead,
-        MalformedKind::IndirectDescriptor,
-    ];
-
-    /// Index of this kind's counter.
-    pub fn index(self) -> usize {
-        self as usize
-    }
+    ;
+    Queue, QueueCount
 }
 
 /// Why the device did not readiness-check a notification.
@@ -102,10 +112,30 @@ pub enum NotReadyReason {
     QueueNotReady,
 }
 
+/// What failed on the VMM's side of a queue: the source error is kept.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// virtio-queue refused an access (e.g. the used ring left guest memory).
+    #[error(transparent)]
+    Virtio(#[from] virtio_queue::Error),
+    /// The backing of a memory region could not be determined.
+    #[error("backing of region {region:#x}: {source}")]
+    Backing {
+        /// Guest physical address where the region starts.
+        region: u64,
+        /// Why the discarder could not tell.
+        #[source]
+        source: DiscardError,
+    },
+    /// The transport set a queue up with an invalid size.
+    #[error("invalid queue size {0}")]
+    InvalidSize(u16),
+}
+
 /// An error from the balloon device. Guest-caused variants map to a [`MalformedKind`];
 /// the device logs them, counts them, returns the descriptor where one exists and keeps
 /// serving.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum BalloonError {
     /// A guest address range outside guest RAM (or in a hole).
     #[error("{queue:?}: range {gpa:#x}+{len:#x} is not in guest memory")]
@@ -287,9 +317,10 @@ pub enum BalloonError {
         /// Position of the descriptor in its chain.
         index: usize,
     },
-    /// The virtqueue itself could not be accessed (e.g. its rings left guest memory).
+    /// The virtqueue or the memory behind it failed the device (the VMM's side, not a
+    /// guest request).
     #[error("virtqueue error: {0}")]
-    Queue(String),
+    Queue(#[from] QueueError),
     /// Activation was given the wrong number of queues.
     #[error("activate: {given} queues given, negotiated layout needs {needed}")]
     QueueCount {
@@ -298,38 +329,6 @@ pub enum BalloonError {
         /// Queues needed.
         needed: usize,
     },
-}
-
-impl BalloonError {
-    /// The malformed-input class of this error, or `None` for VMM-side errors.
-    pub fn kind(&self) -> Option<MalformedKind> {
-        use BalloonError as E;
-        use MalformedKind as K;
-        Some(match self {
-            E::OutOfGuestMemory { .. } => K::OutOfGuestMemory,
-            E::AddressOverflow { .. } => K::AddressOverflow,
-            E::EmptyBuffer { .. } => K::EmptyBuffer,
-            E::BufferTooLarge { .. } => K::BufferTooLarge,
-            E::WrongDirection { .. } => K::WrongDirection,
-            E::BadChain { .. } => K::BadChain,
-            E::BitmapTooShort { .. } => K::BitmapTooShort,
-            E::PfnArrayLength { .. } => K::PfnArrayLength,
-            E::Misaligned { .. } => K::Misaligned,
-            E::CrossesRegion { .. } => K::CrossesRegion,
-            E::StatsLength { .. } => K::StatsLength,
-            E::StatsOverflow => K::StatsOverflow,
-            E::ConfigOutOfRange { .. } => K::ConfigOutOfRange,
-            E::ConfigReadOnly { .. } => K::ConfigReadOnly,
-            E::NotReady { .. } => K::NotReady,
-            E::UnknownQueue { .. } => K::UnknownQueue,
-            E::UnofferedFeature { .. } => K::UnofferedFeature,
-            E::DescriptorInFlight { .. } => K::DescriptorInFlight,
-            E::DiscardOverlap { .. } => K::DiscardOverlap,
-            E::InvalidHead { .. } => K::InvalidHead,
-            E::IndirectDescriptor { .. } => K::IndirectDescriptor,
-            E::Queue(_) | E::QueueCount { .. } => return None,
-        })
-    }
 }
 
 /// Checked `gpa + len`, as the error a queue handler reports.
@@ -353,11 +352,25 @@ mod tests {
     fn kinds_index_their_counters_densely() {
         for (i, k) in MalformedKind::ALL.iter().enumerate() {
             assert_eq!(k.index(), i);
+            assert_eq!(MalformedKind::ALL[k.index()], *k, "index round-trips");
         }
+        assert_eq!(MalformedKind::COUNT, 21);
         assert_eq!(
             BalloonError::StatsOverflow.kind(),
             Some(MalformedKind::StatsOverflow)
         );
-        assert_eq!(BalloonError::Queue("x".into()).kind(), None);
+        assert!(BalloonError::Queue(QueueError::InvalidSize(3))
+            .kind()
+            .is_none());
+    }
+
+    #[test]
+    fn kind_names_are_unique_and_name_their_variant() {
+        let names: std::collections::HashSet<_> =
+            MalformedKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), MalformedKind::COUNT);
+        for k in MalformedKind::ALL {
+            assert_eq!(k.name(), format!("{k:?}"));
+        }
     }
 }

@@ -54,7 +54,7 @@ impl Feature {
     ];
 
     /// The bit number.
-    pub fn bit(self) -> u32 {
+    pub(crate) fn bit(self) -> u32 {
         self as u32
     }
 
@@ -72,7 +72,7 @@ impl FeatureSet {
     /// No features.
     pub const EMPTY: FeatureSet = FeatureSet(0);
 
-    /// The set from raw bits (unknown bits are kept; [`FeatureSet::intersect`] with the
+    /// The set from raw bits (unknown bits are kept; `FeatureSet::intersect` with the
     /// offered set removes them).
     pub fn from_bits(bits: u64) -> FeatureSet {
         FeatureSet(bits)
@@ -100,7 +100,7 @@ impl FeatureSet {
 
     /// Bits in both sets.
     #[must_use]
-    pub fn intersect(self, other: FeatureSet) -> FeatureSet {
+    pub(crate) fn intersect(self, other: FeatureSet) -> FeatureSet {
         FeatureSet(self.0 & other.0)
     }
 
@@ -211,19 +211,19 @@ impl Negotiated {
     }
 
     /// Whether `f` was negotiated.
-    pub fn has(self, f: Feature) -> bool {
+    pub(crate) fn has(self, f: Feature) -> bool {
         self.0.contains(f)
     }
 
     /// Whether the device may promise zero at all: not when `PAGE_POISON` is negotiated
     /// with a nonzero `poison_val` (the guest expects poison, not zeros, in free pages;
     /// the "skip redundant zeroing" series' driver clears bits 6 and 7 in that case).
-    pub fn poison_forbids_zero(self, poison_val: u32) -> bool {
+    pub(crate) fn poison_forbids_zero(self, poison_val: u32) -> bool {
         self.has(Feature::PagePoison) && poison_val != 0
     }
 
     /// Whether reporting `used_len` carries a zero promise (bit 6 in effect).
-    pub fn init_reported(self, poison_val: u32) -> bool {
+    pub(crate) fn init_reported(self, poison_val: u32) -> bool {
         self.has(Feature::DeviceInitReported) && !self.poison_forbids_zero(poison_val)
     }
 
@@ -234,7 +234,7 @@ impl Negotiated {
     }
 
     /// Whether inflate bitmap bits may be set (bit 7 in effect).
-    pub fn init_on_inflate(self, poison_val: u32) -> bool {
+    pub(crate) fn init_on_inflate(self, poison_val: u32) -> bool {
         self.inflate_bitmap() && !self.poison_forbids_zero(poison_val)
     }
 

@@ -25,9 +25,9 @@
 //! let _ = dev.process_queue(&mem, 0);
 //! ```
 //!
-//! Modules: [`spec`] constants, [`features`] negotiation and queue layout, [`config`]
-//! space, [`device`], [`queues`] parsing per queue, [`discard`] policies and effects,
-//! [`metrics`], [`error`].
+//! Index: the device and its vocabulary are re-exported here; [`spec`] holds the virtio
+//! constants (layout, limits). Every other module is private, except the ones behind Cargo
+//! features below.
 //!
 //! Cargo features: `guest-ring` adds `guest_ring`, the driver's side of a split
 //! virtqueue (used by the guest driver crate `zeronce-balloon-driver`); `test-utils` adds
@@ -39,31 +39,51 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod config;
+mod config;
+mod inflight;
+mod options;
+mod queues;
+
+// Deep paths `zeronce-balloon-driver` still names (`device::BalloonDevice`,
+// `features::FeatureSet`, ...): hidden, and to go once it uses the re-exports below.
+#[doc(hidden)]
 pub mod device;
+#[doc(hidden)]
 pub mod discard;
+#[doc(hidden)]
 pub mod error;
+#[doc(hidden)]
 pub mod features;
+#[doc(hidden)]
+pub mod interrupt;
+#[doc(hidden)]
+pub mod metrics;
+
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fuzzing;
 #[cfg(any(test, feature = "guest-ring", feature = "test-utils"))]
 pub mod guest_ring;
-mod inflight;
-pub mod interrupt;
-pub mod metrics;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
-mod options;
-pub mod queues;
 pub mod spec;
 
+/// The config space the device serves.
 pub use config::ConfigSpace;
+/// The device, how it is set up, how it signals the guest and what a queue pass did.
 pub use device::{BalloonDevice, BalloonOptions, InterruptSignal, QueueReport};
+/// How and with what the device discards guest memory.
 pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder};
-pub use error::{BalloonError, MalformedKind, NotReadyReason};
+/// Errors: what went wrong, and which kind of malformed guest request it was.
+pub use error::{BalloonError, MalformedKind, NotReadyReason, QueueError};
+/// Feature bits, their negotiation and the queue layout they imply.
 pub use features::{Feature, FeatureOffer, FeatureSet, Negotiated, QueueKind, QueueLayout};
-pub use metrics::{BalloonMetrics, MetricsSnapshot};
+/// The device's counters.
+pub use metrics::{BalloonMetrics, Counter, MetricsSnapshot};
+/// A 4 KiB page frame number of the inflate and deflate queues.
 pub use queues::inflate::Pfn4k;
+/// The last statistics the guest sent.
 pub use queues::stats::GuestStats;
+/// A statistics tag of the stats queue.
 pub use spec::StatTag;
+/// The backing kinds and discard operations of `zeronce-mem`.
 pub use zeronce_mem::{Backing, DiscardOp};

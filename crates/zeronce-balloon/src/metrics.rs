@@ -21,7 +21,7 @@ impl Counter {
     }
 
     /// Adds one and returns the new value.
-    pub fn inc_get(&self) -> u64 {
+    pub(crate) fn inc_get(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed) + 1
     }
 
@@ -32,12 +32,12 @@ impl Counter {
 }
 
 /// Events of one class logged in full before the log thins out.
-pub const LOG_FIRST: u64 = 10;
+pub(crate) const LOG_FIRST: u64 = 10;
 
 /// Whether the `n`th event (1-based) of one class is logged: the first [`LOG_FIRST`],
 /// then one line at each doubling of the count, which carries the count. A flood of
 /// `n` events costs `LOG_FIRST + log2(n)` lines; the counters stay exact.
-pub fn log_this(n: u64) -> bool {
+pub(crate) fn log_this(n: u64) -> bool {
     n <= LOG_FIRST || n.is_power_of_two()
 }
 

@@ -12,7 +12,7 @@ use common::*;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::{BalloonOptions, DiscardPolicy, Feature, MmapDiscarder, QueueKind};
-use zeronce_mem::resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss};
+use zeronce_mem::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss};
 use zeronce_types::sync::lock;
 use Feature::*;
 

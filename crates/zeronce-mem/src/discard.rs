@@ -119,7 +119,7 @@ impl DiscardOp {
         }
     }
 
-    /// Whether the kernel accepts this op on `backing` at all (otherwise [`discard_raw`]
+    /// Whether the kernel accepts this op on `backing` at all (otherwise `discard_raw`
     /// returns [`DiscardError::Unsupported`] without a system call).
     pub fn supported_on(self, backing: Backing) -> bool {
         match self {
@@ -132,7 +132,7 @@ impl DiscardOp {
 
 impl DiscardOp {
     /// [`DiscardOp::guarantees_zero`] as a [`ZeroGuarantee`].
-    pub fn zero_guarantee(self, backing: Backing) -> ZeroGuarantee {
+    pub(crate) fn zero_guarantee(self, backing: Backing) -> ZeroGuarantee {
         if self.guarantees_zero(backing) {
             ZeroGuarantee::Zeroed
         } else {
@@ -203,7 +203,7 @@ pub enum DiscardError {
 
 /// Checks `start`/`len` against `backing`'s page size: non-empty, aligned, no overflow.
 /// Shared by [`discard_raw`] (addresses) and range checks on offsets.
-pub fn check_range(start: usize, len: usize, backing: Backing) -> Result<(), DiscardError> {
+pub(crate) fn check_range(start: usize, len: usize, backing: Backing) -> Result<(), DiscardError> {
     let page_size = backing.page_size();
     if !page_size.is_power_of_two() || page_size < PAGE_SIZE {
         return Err(DiscardError::BadPageSize { page_size });
@@ -243,7 +243,7 @@ pub fn check_range(start: usize, len: usize, backing: Backing) -> Result<(), Dis
 /// `backing` says, whose contents no Rust reference currently borrows (guest memory is
 /// accessed only through raw pointers). `file` = the fd backing that mapping and the file
 /// offset of `addr` (needed for `PunchHole`, which acts on the file).
-pub unsafe fn discard_raw(
+pub(crate) unsafe fn discard_raw(
     addr: *mut u8,
     len: usize,
     op: DiscardOp,

@@ -5,6 +5,10 @@
 //!
 //! Where this crate sits among the others, and the zero guarantee of each discard op per
 //! backing: `docs/ARCHITECTURE.md` (§2, §5) in the repository.
+//!
+//! Index: everything other crates use is re-exported here, and every module is private.
+//! Its `unsafe fn`s stay inside: the other crates forbid `unsafe`, so
+//! they get safe owners ([`GuestRam`], [`RamRange`]) instead.
 #![warn(missing_docs)]
 // Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
 // would index the wrong frame or discard the wrong range.
@@ -15,16 +19,33 @@
 )]
 
 mod claims;
-pub mod discard;
+mod discard;
+mod ram;
+mod resident;
+mod shared;
+mod vm;
+
+// Deep paths `zeronce` (`global::SplitAlloc`, ...) and `zeronce-cli`
+// (`zeroing::NON_TEMPORAL_THRESHOLD`) still name: hidden, and to go once they use the
+// re-exports below.
+#[doc(hidden)]
 pub mod global;
-pub mod ram;
-pub mod resident;
-pub mod shared;
-pub mod vm;
+#[doc(hidden)]
 pub mod zeroing;
 
-pub use discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
+/// Discard operations, the backings they act on and what they promise.
+pub use discard::{Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
+/// A global allocator that sends large requests elsewhere.
+pub use global::{Grant, LargeAlloc, SplitAlloc};
+/// Guest RAM: a mapping of one backing kind, owned like a `Box<[u8]>`.
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
-pub use resident::{HugetlbPoolCounters, ProcessRss, ResidentError};
+/// Readers of what the kernel holds resident.
+pub use resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss, ResidentError};
+/// Guest RAM shared between threads through exclusively claimed ranges.
 pub use shared::{ClaimError, RamRange, SharedRam};
-pub use zeroing::{zero_range, zero_range_hinted, ZeroKernel};
+/// The vm-memory bridge: a region's backing, and discards of guest ranges.
+pub use vm::{
+    describe_region, discard_guest_range, populate_guest_range, GuestDiscardError, RegionInfo,
+};
+/// The zeroing kernels.
+pub use zeroing::{ZeroKernel, NON_TEMPORAL_THRESHOLD};

@@ -173,7 +173,7 @@ impl HugetlbPoolCounters {
 /// mappings this counts the page cache, i.e. pages the file still holds even where this
 /// process has dropped its page-table entries). The range is widened to whole pages.
 /// Safe: `mincore` only reads page tables and fails with `ENOMEM` on unmapped ranges.
-pub fn resident_bytes(addr: *const u8, len: usize) -> Result<usize, ResidentError> {
+pub(crate) fn resident_bytes(addr: *const u8, len: usize) -> Result<usize, ResidentError> {
     if len == 0 {
         return Ok(0);
     }

@@ -201,7 +201,7 @@ impl RamRange {
     }
 
     /// Faults the pages in for writing, one byte every `stride` bytes (0 = 4 KiB), without
-    /// changing contents; see [`touch_for_write`].
+    /// changing contents; see `touch_for_write`.
     pub fn touch(&mut self, stride: usize) {
         touch_for_write(self.as_mut_slice(), stride);
     }

@@ -84,7 +84,7 @@ pub struct RegionInfo {
 /// Derives the [`Backing`] of `region`. `hugetlb_page_size` overrides the huge page size
 /// (and marks a file-backed region as hugetlb) when the VMM knows it; otherwise hugetlbfs
 /// is detected with `fstatfs` and its page size read from the file's block size.
-pub fn region_backing<B: Bitmap>(
+pub(crate) fn region_backing<B: Bitmap>(
     region: &GuestRegionMmap<B>,
     hugetlb_page_size: Option<usize>,
 ) -> Result<Backing, GuestDiscardError> {
@@ -112,7 +112,7 @@ pub fn region_backing<B: Bitmap>(
     }
 }
 
-/// Describes the region holding `gpa` (see [`region_backing`]).
+/// Describes the region holding `gpa` (see `region_backing`).
 pub fn describe_region<B: Bitmap>(
     mem: &GuestMemoryMmap<B>,
     gpa: GuestAddress,
@@ -149,7 +149,7 @@ fn locate<B: Bitmap>(
 /// Discards guest range `[gpa, gpa + len)` with `op`, treating its region as `backing`
 /// (from [`describe_region`]). Refuses regions vm-memory did not map itself (raw-pointer
 /// regions) and private file mappings. The range must lie inside one region and respect the
-/// backing's page size (checked again by [`discard_raw`]). Whether it reads zero
+/// backing's page size (checked again by `discard_raw`). Whether it reads zero
 /// afterwards is [`DiscardOp::guarantees_zero`]`(backing)`.
 pub fn discard_guest_range<B: Bitmap>(
     mem: &GuestMemoryMmap<B>,

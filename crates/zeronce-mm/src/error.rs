@@ -4,14 +4,6 @@
 use crate::types::{Block, Order, PageRange, Pfn, ZoneId};
 use thiserror::Error;
 
-/// An order above [`crate::MAX_ORDER_LIMIT`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
-#[error("order {order} is above the limit {}", crate::MAX_ORDER_LIMIT)]
-pub struct OrderError {
-    /// The rejected order.
-    pub order: u8,
-}
-
 /// A configuration the manager refuses.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum ConfigError {

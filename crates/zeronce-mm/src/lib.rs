@@ -51,6 +51,12 @@
 //! **Invariants** ([`MemoryManager::check_invariants`]): allocated + free + isolated +
 //! cached = total; every frame in exactly one aligned block; free lists, counters and
 //! tags consistent; no two free buddies of equal order left unmerged.
+//!
+//! **Index**: the manager and its vocabulary are re-exported here; the two subsystems
+//! built on it are modules with their own short index: [`reporting`] (the engine, its
+//! worker thread and the device it reports to) and [`hugepool`] (the huge-page pool's
+//! state and its "zeroable" events). Every other module is private. The Cargo feature
+//! `test-utils` adds `mock`: a configurable reporting device for tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 // Frame numbers, byte offsets and lengths cross u64 / usize / u32 here: a silent truncation
@@ -62,30 +68,38 @@
 )]
 
 mod error;
-pub mod hugepool;
 mod manager;
 mod pcp;
-pub mod reporting;
 mod stats;
 mod types;
 mod zeroing;
 mod zone;
 
+pub mod hugepool;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod mock;
+pub mod reporting;
+
 /// Poison-tolerant locking, defined in `zeronce-types` for every crate.
 pub use zeronce_types::sync;
 
-pub use error::{
-    AllocError, ConfigError, FreeError, InvariantViolation, MarkError, OrderError, PutBackError,
-};
+/// Typed errors of the manager's calls.
+pub use error::{AllocError, ConfigError, FreeError, InvariantViolation, MarkError, PutBackError};
+/// The manager, what it is asked for and what it hands out.
 pub use manager::{
     AllocRequest, Allocation, FreeHint, MemoryManager, MmConfig, PutBack, ReportNotifier,
-    ReportedNotZero, ZeroGuarantee, Zeroing,
+    ZeroGuarantee, Zeroing,
 };
+/// The per-thread cache of small blocks.
 pub use pcp::{PcpCache, PCP_MAX_ORDER};
+/// Counters and the free-list census.
 pub use stats::{FreeCounts, Stats, ZoneInfo};
+/// Frames, orders, blocks and their free states.
 pub use types::{
-    Block, FreeState, Order, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER, DEFAULT_REPORTING_ORDER,
-    MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
+    Block, FreeState, Order, OrderError, PageRange, Pfn, ZoneId, DEFAULT_MAX_ORDER,
+    DEFAULT_REPORTING_ORDER, MAX_ORDER_LIMIT, NR_ORDERS, PAGE_SIZE,
 };
+/// Who zeroes a block handed out on a zero-request.
 pub use zeroing::{hint_last_order, NoopZeroer, Zeroer};
-pub use zone::IsolatedBlock;
+/// Blocks isolated for reporting, and where reported dirty blocks live.
+pub use zone::{IsolatedBlock, ReportedNotZero};

@@ -1,7 +1,7 @@
 //! Basic vocabulary: page frame numbers, orders, ranges, blocks and free-block states.
 
-use crate::error::OrderError;
 use std::fmt;
+use thiserror::Error;
 
 /// Size of one page frame in bytes: [`zeronce_types::PAGE_SIZE`] (4 KiB, whatever the host
 /// page size) as a `u64`, the type frame arithmetic is done in here.
@@ -87,19 +87,19 @@ impl Order {
 
     /// The next smaller order (`None` at order 0).
     #[inline]
-    pub fn lower(self) -> Option<Order> {
+    pub(crate) fn lower(self) -> Option<Order> {
         self.0.checked_sub(1).map(Order)
     }
 
     /// The next larger order (`None` at [`MAX_ORDER_LIMIT`]).
     #[inline]
-    pub fn higher(self) -> Option<Order> {
+    pub(crate) fn higher(self) -> Option<Order> {
         Order::new(self.0 + 1).ok()
     }
 
     /// Every order from `self` up to and including `max`, ascending.
     #[inline]
-    pub fn up_to(self, max: Order) -> impl Iterator<Item = Order> {
+    pub(crate) fn up_to(self, max: Order) -> impl Iterator<Item = Order> {
         (self.0..=max.0).map(Order)
     }
 }
@@ -108,6 +108,14 @@ impl fmt::Display for Order {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "order {}", self.0)
     }
+}
+
+/// An order above [`crate::MAX_ORDER_LIMIT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("order {order} is above the limit {}", crate::MAX_ORDER_LIMIT)]
+pub struct OrderError {
+    /// The rejected order.
+    pub order: u8,
 }
 
 /// A contiguous run of pages.

@@ -26,9 +26,9 @@ use std::collections::{HashSet, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zeronce_mm::mock::MockDevice;
 use zeronce_mm::reporting::{
-    BudgetPolicy, PassKind, ReportError, ReportingConfig, ReportingDevice, ReportingEngine,
-    ZeroGuarantee,
+    BudgetPolicy, PassKind, ReportError, ReportingConfig, ReportingEngine, ZeroGuarantee,
 };
 use zeronce_mm::{
     AllocRequest, Block, FreeHint, FreeState, MemoryManager, MmConfig, Order, PageRange, Pfn,
@@ -105,80 +105,64 @@ struct Seen {
     lies: usize,
 }
 
-/// The device: answers as told, records what it was offered.
-struct ModelDevice {
-    mem: FakeZeroer,
+/// The device: answers every report and settle call as told, records what it was offered.
+fn model_device(mem: &FakeZeroer, answer: Answer, seen: &Arc<Mutex<Seen>>) -> MockDevice<'static> {
+    let call = |mem: FakeZeroer, seen: Arc<Mutex<Seen>>| {
+        move |blocks: &[PageRange], verdicts: &mut [ZeroGuarantee]| {
+            model_call(&mem, answer, &seen, blocks, verdicts)
+        }
+    };
+    MockDevice::new(CAPACITY, ZeroGuarantee::NotZeroed)
+        .on_report(call(mem.clone(), Arc::clone(seen)))
+        .on_settle(call(mem.clone(), Arc::clone(seen)))
+}
+
+/// One call of [`model_device`].
+fn model_call(
+    mem: &FakeZeroer,
     answer: Answer,
-    seen: Arc<Mutex<Seen>>,
-}
-
-impl ModelDevice {
-    fn call(
-        &mut self,
-        blocks: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        let mut seen = zeronce_mm::sync::lock(&self.seen);
-        seen.calls += 1;
-        if seen.calls > RUNAWAY_CALLS {
-            // Stop a pass that never ends (the check reports it).
-            return Err(ReportError::new("runaway pass"));
+    seen: &Mutex<Seen>,
+    blocks: &[PageRange],
+    verdicts: &mut [ZeroGuarantee],
+) -> Result<(), ReportError> {
+    let mut seen = zeronce_mm::sync::lock(seen);
+    seen.calls += 1;
+    if seen.calls > RUNAWAY_CALLS {
+        // Stop a pass that never ends (the check reports it).
+        return Err(ReportError::new("runaway pass"));
+    }
+    for b in blocks {
+        let again = seen
+            .offered
+            .iter()
+            .any(|o| o.start < b.end() && b.start < o.end());
+        if again && seen.offered_twice.is_none() {
+            seen.offered_twice = Some(*b);
         }
-        for b in blocks {
-            let again = seen
-                .offered
-                .iter()
-                .any(|o| o.start < b.end() && b.start < o.end());
-            if again && seen.offered_twice.is_none() {
-                seen.offered_twice = Some(*b);
-            }
-            seen.offered.push(*b);
-        }
-        match self.answer {
-            Answer::Truthful => {
-                for b in blocks {
-                    let mut m = self.mem.0.lock().unwrap();
-                    for p in b.start.0..b.end().0 {
-                        m.dirty[p as usize] = false;
-                    }
+        seen.offered.push(*b);
+    }
+    match answer {
+        Answer::Truthful => {
+            for b in blocks {
+                let mut m = mem.0.lock().unwrap();
+                for p in b.start.0..b.end().0 {
+                    m.dirty[p as usize] = false;
                 }
-                verdicts.fill(ZeroGuarantee::Zeroed);
             }
-            Answer::NotZeroed => verdicts.fill(ZeroGuarantee::NotZeroed),
-            Answer::Lie => {
-                seen.lies += blocks.iter().filter(|b| !self.mem.reads_zero(**b)).count();
-                verdicts.fill(ZeroGuarantee::Zeroed);
-            }
-            Answer::Error => return Err(ReportError::new("device error")),
-            Answer::Panic => {
-                drop(seen);
-                panic!("device panicked (intended)");
-            }
+            verdicts.fill(ZeroGuarantee::Zeroed);
         }
-        Ok(())
+        Answer::NotZeroed => verdicts.fill(ZeroGuarantee::NotZeroed),
+        Answer::Lie => {
+            seen.lies += blocks.iter().filter(|b| !mem.reads_zero(**b)).count();
+            verdicts.fill(ZeroGuarantee::Zeroed);
+        }
+        Answer::Error => return Err(ReportError::new("device error")),
+        Answer::Panic => {
+            drop(seen);
+            panic!("device panicked (intended)");
+        }
     }
-}
-
-impl ReportingDevice for ModelDevice {
-    fn capacity(&self) -> usize {
-        CAPACITY
-    }
-    fn report(
-        &mut self,
-        _: Instant,
-        blocks: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        self.call(blocks, verdicts)
-    }
-    fn settle(
-        &mut self,
-        _: Instant,
-        blocks: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        self.call(blocks, verdicts)
-    }
+    Ok(())
 }
 
 struct World {
@@ -244,11 +228,7 @@ impl World {
 
     fn pass(&mut self, kind: Kind, answer: Answer) -> Result<(), String> {
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let mut dev = ModelDevice {
-            mem: self.mem.clone(),
-            answer,
-            seen: Arc::clone(&seen),
-        };
+        let mut dev = model_device(&self.mem, answer, &seen);
         let (engine, mm) = (&self.engine, &self.mm);
         let r = catch_unwind(AssertUnwindSafe(|| {
             engine.pass(mm, &mut dev, Instant::now(), kind.pass())

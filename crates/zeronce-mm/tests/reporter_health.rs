@@ -4,39 +4,11 @@
 mod common;
 
 use common::{manager, o};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use zeronce_mm::reporting::{
-    BudgetPolicy, ReportError, Reporter, ReportingConfig, ReportingDevice, ZeroGuarantee,
-};
-use zeronce_mm::{AllocRequest, FreeHint, PageRange};
-
-/// Panics in its first `panics` calls, then answers `verdict` (without zeroing).
-struct Flaky {
-    panics: usize,
-    calls: Arc<AtomicUsize>,
-    verdict: ZeroGuarantee,
-}
-
-impl ReportingDevice for Flaky {
-    fn capacity(&self) -> usize {
-        4
-    }
-    fn report(
-        &mut self,
-        _: Instant,
-        _: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        let n = self.calls.fetch_add(1, Ordering::SeqCst);
-        if n < self.panics {
-            panic!("device panic {n} (intended)");
-        }
-        verdicts.fill(self.verdict);
-        Ok(())
-    }
-}
+use std::time::Duration;
+use zeronce_mm::mock::{Answer, MockDevice};
+use zeronce_mm::reporting::{BudgetPolicy, Reporter, ReportingConfig, ZeroGuarantee};
+use zeronce_mm::{AllocRequest, FreeHint};
 
 fn config() -> ReportingConfig {
     ReportingConfig {
@@ -52,12 +24,8 @@ fn config() -> ReportingConfig {
 fn the_worker_survives_device_panics_and_says_so() {
     let (mm, _mem) = manager(256, 4, false);
     let mm = Arc::new(mm);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let dev = Flaky {
-        panics: 2,
-        calls: Arc::clone(&calls),
-        verdict: ZeroGuarantee::NotZeroed,
-    };
+    // Panics in its first two calls, then answers "not zeroed".
+    let dev = MockDevice::new(4, ZeroGuarantee::NotZeroed).then([Answer::Panic, Answer::Panic]);
     let reporter = Reporter::start(Arc::clone(&mm), dev, config()).unwrap();
     // Wait (bounded, no timing claim) until the worker got past both panics.
     for _ in 0..1000 {
@@ -91,11 +59,8 @@ fn every_caught_lie_is_in_the_report_and_the_health() {
     let mm = Arc::new(mm);
     // Keep one page allocated so the rest cannot merge into one block.
     let _a = mm.alloc(o(0), AllocRequest::DIRTY).unwrap();
-    let dev = Flaky {
-        panics: 0,
-        calls: Arc::default(),
-        verdict: ZeroGuarantee::Zeroed,
-    };
+    // Answers "zeroed" without zeroing.
+    let dev = MockDevice::new(4, ZeroGuarantee::Zeroed);
     let cfg = ReportingConfig {
         delay: Duration::from_secs(3600),
         ..config()

@@ -9,9 +9,9 @@ use common::FakeZeroer;
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zeronce_mm::mock::MockDevice;
 use zeronce_mm::reporting::{
-    BudgetPolicy, PassKind, ReportError, Reporter, ReportingConfig, ReportingDevice,
-    ReportingEngine, ZeroGuarantee,
+    BudgetPolicy, PassKind, ReportError, Reporter, ReportingConfig, ReportingEngine, ZeroGuarantee,
 };
 use zeronce_mm::{AllocRequest, Block, FreeHint, MemoryManager, MmConfig, Order, PageRange, Pfn};
 
@@ -45,59 +45,40 @@ fn take(live: &Live, mem: &FakeZeroer, block: Block, zeroed: bool) {
 }
 
 /// The host: "discards" (zeroes the fake memory of) blocks it answers `Zeroed` for, and
-/// allocates while the batch is out (it must never get a block of the batch).
-struct RandomDevice {
+/// allocates while the batch is out (it must never get a block of the batch). Answers
+/// come from `answers`, round and round.
+fn random_device(
     answers: Vec<Answer>,
-    next: usize,
-    mem: FakeZeroer,
-    mm: Arc<MemoryManager>,
-    live: Live,
-    batches: usize,
-}
-
-impl RandomDevice {
-    fn answer(&mut self) -> Answer {
-        let a = self.answers[self.next % self.answers.len()];
-        self.next += 1;
-        a
-    }
-}
-
-impl ReportingDevice for RandomDevice {
-    fn capacity(&self) -> usize {
-        4
-    }
-
-    fn report(
-        &mut self,
-        _: Instant,
-        blocks: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        self.batches += 1;
+    mem: &FakeZeroer,
+    mm: &Arc<MemoryManager>,
+    live: &Live,
+) -> MockDevice<'static> {
+    let (mem, mm, live) = (mem.clone(), Arc::clone(mm), Arc::clone(live));
+    let mut next = answers.into_iter().cycle();
+    MockDevice::new(4, ZeroGuarantee::NotZeroed).on_report(move |blocks, verdicts| {
         // Concurrent allocation while the batch is isolated.
-        if let Ok(a) = self.mm.alloc(Order::ZERO, AllocRequest::ZEROED) {
+        if let Ok(a) = mm.alloc(Order::ZERO, AllocRequest::ZEROED) {
             assert!(
                 blocks.iter().all(|b| !b.overlaps(&a.block.range())),
                 "isolated block allocated"
             );
-            take(&self.live, &self.mem, a.block, true);
+            take(&live, &mem, a.block, true);
         }
-        if let Answer::Error = self.answer() {
+        let mut answer = || next.next().expect("at least one answer");
+        if let Answer::Error = answer() {
             return Err(ReportError::new("random failure"));
         }
         for (b, v) in blocks.iter().zip(verdicts.iter_mut()) {
-            *v = match self.answer() {
+            *v = match answer() {
                 Answer::Zeroed => {
-                    self.mem.0.lock().unwrap().dirty[b.start.0 as usize..b.end().0 as usize]
-                        .fill(false);
+                    mem.0.lock().unwrap().dirty[b.start.0 as usize..b.end().0 as usize].fill(false);
                     ZeroGuarantee::Zeroed
                 }
                 _ => ZeroGuarantee::NotZeroed,
             };
         }
         Ok(())
-    }
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -176,7 +157,7 @@ proptest! {
         let e = Arc::clone(&engine);
         let order = Order::new(3).unwrap();
         let _ = mm.set_report_notifier(Box::new(move |_| { e.notify_free(order); }));
-        let mut dev = RandomDevice { answers, next: 0, mem: mem.clone(), mm: Arc::clone(&mm), live: Arc::clone(&live), batches: 0 };
+        let mut dev = random_device(answers, &mem, &mm, &live);
         let mut now = Instant::now();
         for op in ops {
             match op {
@@ -236,20 +217,15 @@ fn worker_and_two_threads_never_break_a_rule() {
     let mem = FakeZeroer::new(PAGES, true);
     let mm = manager(&mem);
     let live: Live = Arc::default();
-    let dev = RandomDevice {
-        answers: vec![
-            Answer::Zeroed,
-            Answer::NotZeroed,
-            Answer::Zeroed,
-            Answer::Error,
-            Answer::Zeroed,
-        ],
-        next: 0,
-        mem: mem.clone(),
-        mm: Arc::clone(&mm),
-        live: Arc::clone(&live),
-        batches: 0,
-    };
+    let answers = vec![
+        Answer::Zeroed,
+        Answer::NotZeroed,
+        Answer::Zeroed,
+        Answer::Error,
+        Answer::Zeroed,
+    ];
+    let dev = random_device(answers, &mem, &mm, &live);
+    let log = dev.log();
     let cfg = ReportingConfig {
         delay: Duration::from_micros(200),
         ..config(BudgetPolicy::Linux)
@@ -289,7 +265,7 @@ fn worker_and_two_threads_never_break_a_rule() {
         // wait, no timing claim: on a loaded machine the churn can keep every block of
         // reporting order allocated for a while); user flushes race with them meanwhile.
         for i in 0..4000 {
-            if reporter.stats().passes >= 20 && reporter.with_device(|d| d.batches) > 0 {
+            if reporter.stats().passes >= 20 && log.report_calls() > 0 {
                 break;
             }
             if i % 4 == 0 {
@@ -300,7 +276,7 @@ fn worker_and_two_threads_never_break_a_rule() {
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
-    let batches = reporter.with_device(|d| d.batches);
+    let batches = log.report_calls();
     assert!(
         reporter.stats().passes >= 20,
         "the worker ran only {:?}",

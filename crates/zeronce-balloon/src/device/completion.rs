@@ -9,7 +9,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{BalloonDevice, State};
 use crate::discard::{execute, Discarder, PlanResult, PlannedDiscard};
-use crate::error::BalloonError;
+use crate::error::{BalloonError, QueueError};
 use crate::features::{Feature, Negotiated};
 use crate::inflight::Work;
 use crate::interrupt::InterruptSignal;
@@ -182,7 +182,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let mut result = Ok(());
         for (head, len) in used {
             if let Err(e) = q.add_used(mem, *head, *len) {
-                result = result.and(Err(BalloonError::Queue(e.to_string())));
+                result = result.and(Err(QueueError::from(e).into()));
             }
         }
         if q.needs_notification(mem).unwrap_or(true) {

@@ -33,23 +33,15 @@ impl Pfn4k {
 
 /// A parsed inflate or deflate request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PfnRequest {
+pub(crate) struct PfnRequest {
     /// The PFNs, in request order (bitmap bit N = `pfns[N]`).
     pub pfns: Vec<Pfn4k>,
     /// The device-writable bitmap (address, length), when bit 7 is negotiated.
     pub bitmap: Option<(GuestAddress, u32)>,
 }
 
-impl PfnRequest {
-    /// Bitmap bytes the device writes: `ceil(n / 8)` (the `used_len` under bit 7).
-    pub fn bitmap_len(&self) -> u32 {
-        // At most MAX_PFNS_PER_REQUEST / 8 bytes: the parser refuses longer PFN arrays.
-        u32::try_from(self.pfns.len().div_ceil(8)).unwrap_or(u32::MAX)
-    }
-}
-
 /// Parses an inflate (`want_bitmap` = bit 7 negotiated) or deflate request.
-pub fn parse<M: GuestMemoryBackend + ?Sized>(
+pub(crate) fn parse<M: GuestMemoryBackend + ?Sized>(
     mem: &M,
     queue: QueueKind,
     descs: &[Desc],
@@ -122,7 +114,7 @@ pub fn parse<M: GuestMemoryBackend + ?Sized>(
 /// record of another page size over the same range (the VMM changed the memory map) is
 /// forgotten, so a deflate always clears the one record that can hold its PFN.
 #[derive(Clone, Debug, Default)]
-pub struct PartialPages {
+pub(crate) struct PartialPages {
     /// Host page base → its record.
     pages: BTreeMap<u64, PartialPage>,
 }
@@ -206,6 +198,7 @@ impl PartialPages {
     }
 
     /// Whether none is remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pages.is_empty()
     }
@@ -219,7 +212,7 @@ impl PartialPages {
 /// Plans the discards for validated inflate PFNs: 4 KiB backings as merged runs,
 /// larger host pages only when complete. Regions whose backing cannot be determined are
 /// skipped (counted by the caller through the returned count).
-pub fn plan<M, D>(
+pub(crate) fn plan<M, D>(
     mem: &M,
     discarder: &mut D,
     partial: &mut PartialPages,
@@ -352,7 +345,7 @@ fn complete_huge_pages(
 /// The 4 KiB pages of `pfns` as runs `(start, length)`: sorted, duplicates merged,
 /// contiguous pages joined inside one region (a run never spans two mappings). PFNs
 /// outside guest memory are skipped (a parsed request has none).
-pub fn page_runs<M: GuestMemoryBackend + ?Sized>(
+pub(crate) fn page_runs<M: GuestMemoryBackend + ?Sized>(
     mem: &M,
     pfns: &[Pfn4k],
 ) -> Vec<(GuestAddress, u64)> {
@@ -377,7 +370,7 @@ pub fn page_runs<M: GuestMemoryBackend + ?Sized>(
 }
 
 /// Writes the inflate bitmap: clears `len` bytes at `addr`, then sets `bits`.
-pub fn bitmap_bytes(n_pfns: usize, zero_bits: &[u32]) -> Vec<u8> {
+pub(crate) fn bitmap_bytes(n_pfns: usize, zero_bits: &[u32]) -> Vec<u8> {
     let mut bytes = vec![0u8; n_pfns.div_ceil(8)];
     for b in zero_bits {
         bytes[*b as usize / 8] |= 1 << (b % 8);

@@ -8,9 +8,9 @@
     clippy::cast_possible_wrap
 )]
 
-pub mod inflate;
-pub mod reporting;
-pub mod stats;
+pub(crate) mod inflate;
+pub(crate) mod reporting;
+pub(crate) mod stats;
 
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
@@ -24,7 +24,7 @@ const DESCRIPTOR_SIZE: u64 = 16;
 
 /// One descriptor of a chain, as the handlers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Desc {
+pub(crate) struct Desc {
     /// Guest physical address of the buffer.
     pub addr: GuestAddress,
     /// Length in bytes.
@@ -43,7 +43,7 @@ pub struct Desc {
 /// use them unless negotiated: [`BalloonError::IndirectDescriptor`]), and chains longer
 /// than [`MAX_CHAIN_DESCRIPTORS`], looping, or with a `next` outside the table or a
 /// descriptor outside guest memory ([`BalloonError::BadChain`]).
-pub fn collect_chain<M: GuestMemory + ?Sized>(
+pub(crate) fn collect_chain<M: GuestMemory + ?Sized>(
     mem: &M,
     desc_table: GuestAddress,
     queue_size: u16,
@@ -88,7 +88,7 @@ pub fn collect_chain<M: GuestMemory + ?Sized>(
 
 /// A validated guest range inside one region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RegionRange {
+pub(crate) struct RegionRange {
     /// Start of the range.
     pub gpa: GuestAddress,
     /// Length (> 0).
@@ -100,7 +100,7 @@ pub struct RegionRange {
 }
 
 /// Checks `[gpa, gpa + len)` is non-empty, does not overflow and lies in one region.
-pub fn region_range<M: GuestMemoryBackend + ?Sized>(
+pub(crate) fn region_range<M: GuestMemoryBackend + ?Sized>(
     mem: &M,
     queue: QueueKind,
     gpa: GuestAddress,
@@ -133,7 +133,7 @@ pub fn region_range<M: GuestMemoryBackend + ?Sized>(
 
 /// Reads the device-readable descriptors `descs` into one byte vector (the caller has
 /// bounded their total length).
-pub fn read_all<M: GuestMemory + ?Sized>(
+pub(crate) fn read_all<M: GuestMemory + ?Sized>(
     mem: &M,
     queue: QueueKind,
     descs: &[Desc],
@@ -162,7 +162,7 @@ pub fn read_all<M: GuestMemory + ?Sized>(
 
 /// Splits `descs` into the leading device-readable part and the trailing
 /// device-writable part, refusing a readable descriptor after a writable one.
-pub fn split_readable_writable(
+pub(crate) fn split_readable_writable(
     queue: QueueKind,
     descs: &[Desc],
 ) -> Result<(&[Desc], &[Desc]), BalloonError> {

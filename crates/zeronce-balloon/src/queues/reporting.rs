@@ -7,7 +7,7 @@ use vm_memory::GuestMemoryBackend;
 
 use super::{region_range, Desc};
 use crate::discard::{Discarder, PlannedDiscard};
-use crate::error::BalloonError;
+use crate::error::{BalloonError, QueueError};
 use crate::features::QueueKind;
 use crate::spec::limits::MAX_REPORT_BLOCK;
 
@@ -15,7 +15,7 @@ const Q: QueueKind = QueueKind::Reporting;
 
 /// A validated report: the blocks to discard and the chain's total length.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// One planned discard per block.
     pub blocks: Vec<PlannedDiscard>,
     /// Sum of the buffer lengths (the `used_len` of a full zero promise).
@@ -25,7 +25,7 @@ pub struct Report {
 /// Validates a reporting chain and plans its discards: every buffer device-writable,
 /// non-empty, at most [`MAX_REPORT_BLOCK`], inside one region, aligned to the region's
 /// backing page size. Any violation refuses the whole chain.
-pub fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
+pub(crate) fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
 where
     M: GuestMemoryBackend + ?Sized,
     D: Discarder<M> + ?Sized,
@@ -51,7 +51,10 @@ where
         let r = region_range(mem, Q, d.addr, len)?;
         let backing = discarder.backing(mem, r.region_start).map_err(|e| {
             tracing::debug!(gpa = d.addr.0, error = %e, "cannot determine backing");
-            BalloonError::Queue(format!("backing of region {:#x}: {e}", r.region_start.0))
+            QueueError::Backing {
+                region: r.region_start.0,
+                source: e,
+            }
         })?;
         let ps = backing.page_size() as u64;
         if !d.addr.0.is_multiple_of(ps) || !len.is_multiple_of(ps) {

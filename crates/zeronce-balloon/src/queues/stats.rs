@@ -51,7 +51,7 @@ impl GuestStats {
 /// of 10 and at most [`MAX_STATS_BUFFER`]. Unknown tags are skipped. An empty buffer
 /// is valid (no statistics). (The spec's "multiple of 6 bytes" is a known typo: the
 /// packed entry is 10 bytes, and that is what Linux sends.)
-pub fn parse<M: GuestMemoryBackend + ?Sized>(
+pub(crate) fn parse<M: GuestMemoryBackend + ?Sized>(
     mem: &M,
     descs: &[Desc],
 ) -> Result<Vec<(StatTag, u64)>, BalloonError> {

@@ -1,9 +1,12 @@
-//! Shared by the hostile-guest tests: the hole's address, and the refusal check (typed
-//! error counted, `used_len` 0, nothing discarded, the queue still serving).
+//! Shared by the hostile-guest tests: the hole's address, the hold policy, and the
+//! refusal check (typed error counted, `used_len` 0, nothing discarded, the queue still
+//! serving).
+
+use std::time::Duration;
 
 use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::mock::RecordingDiscarder;
-use zeronce_balloon::{MalformedKind, QueueKind};
+use zeronce_balloon::{BalloonOptions, DiscardPolicy, MalformedKind, QueueKind};
 
 use super::{Rig, MIB};
 
@@ -60,4 +63,12 @@ pub fn refused(rig: &mut MockRig<'_>, q: QueueKind, bufs: &[DriverBuf], kind: Ma
     );
     assert_eq!(rig.calls(), calls, "{kind:?}: nothing discarded");
     still_serves(rig, q);
+}
+
+/// Options with the hold policy: discards wait `delay`.
+pub fn held(delay: Duration) -> BalloonOptions {
+    BalloonOptions {
+        policy: DiscardPolicy::Hold(delay),
+        ..BalloonOptions::default()
+    }
 }

@@ -26,7 +26,7 @@ use crate::resident::{file_allocated_bytes, resident_bytes, ResidentError};
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 use crate::PAGE_SIZE;
 
-pub use zeronce_types::{HUGE_PAGE_1G, HUGE_PAGE_2M};
+pub(crate) use zeronce_types::{HUGE_PAGE_1G, HUGE_PAGE_2M};
 
 /// A hugetlb page size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -324,7 +324,7 @@ impl GuestRam {
 
     /// Faults `[offset, offset + len)` in for writing without changing its contents, one
     /// byte every `stride` bytes (a `stride` of 0 means [`PAGE_SIZE`]); see
-    /// [`touch_for_write`].
+    /// `touch_for_write`.
     pub fn touch(&mut self, offset: usize, len: usize, stride: usize) -> Result<(), RangeError> {
         let r = self.check(offset, len)?;
         touch_for_write(&mut self.as_mut_slice()[r], stride);
@@ -419,7 +419,7 @@ impl Drop for GuestRam {
 /// would fault an untouched 4 KiB page twice (the read maps the shared zero page, the
 /// write replaces it), and a compiler may fold an idempotent read-modify-write such as
 /// `fetch_or(0)` into a plain load.
-pub fn touch_for_write(bytes: &mut [u8], stride: usize) {
+pub(crate) fn touch_for_write(bytes: &mut [u8], stride: usize) {
     let stride = if stride == 0 { PAGE_SIZE } else { stride };
     for i in (0..bytes.len()).step_by(stride) {
         let p: *mut u8 = &mut bytes[i];
@@ -433,7 +433,7 @@ pub fn touch_for_write(bytes: &mut [u8], stride: usize) {
 
 /// Whether every byte of `bytes` is zero: ORs 64-byte blocks word by word (vectorised),
 /// checking once per page so a nonzero page stops the scan early.
-pub fn bytes_are_zero(bytes: &[u8]) -> bool {
+pub(crate) fn bytes_are_zero(bytes: &[u8]) -> bool {
     let mut pages = bytes.chunks(PAGE_SIZE);
     pages.all(|page| {
         let mut words = page.chunks_exact(8);

@@ -66,7 +66,7 @@ impl ZeroKernel {
     }
 
     /// Whether this CPU can run this kernel.
-    pub fn is_available(self) -> bool {
+    pub(crate) fn is_available(self) -> bool {
         match self {
             ZeroKernel::WriteBytes => true,
             #[cfg(target_arch = "x86_64")]
@@ -103,7 +103,7 @@ impl ZeroKernel {
 
     /// The best cache-allocating kernel: `rep stosb` where ERMS makes it fast, else
     /// `write_bytes`.
-    pub fn cache_friendly() -> ZeroKernel {
+    pub(crate) fn cache_friendly() -> ZeroKernel {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("ermsb") {
             return ZeroKernel::RepStosb;
@@ -120,7 +120,7 @@ impl fmt::Display for ZeroKernel {
 
 /// Whether the CPU has AMD's `clzero` (CPUID `0x8000_0008` EBX bit 0).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-pub fn has_clzero() -> bool {
+pub(crate) fn has_clzero() -> bool {
     use std::arch::x86_64::__cpuid;
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
@@ -132,14 +132,14 @@ pub fn has_clzero() -> bool {
 
 /// Whether the CPU has AMD's `clzero` (never, off x86-64).
 #[cfg(not(target_arch = "x86_64"))]
-pub fn has_clzero() -> bool {
+pub(crate) fn has_clzero() -> bool {
     false
 }
 
 /// Under Miri, which cannot run `cpuid`: true, so the `clzero` kernel runs with the
 /// stand-in store of its cache lines (see `kernels`).
 #[cfg(all(target_arch = "x86_64", miri))]
-pub fn has_clzero() -> bool {
+pub(crate) fn has_clzero() -> bool {
     true
 }
 
@@ -150,7 +150,7 @@ pub fn has_clzero() -> bool {
 ///
 /// `ptr` must be valid for writes of `len` bytes, and no Rust reference to those bytes
 /// may be alive during the call.
-pub unsafe fn zero_range(ptr: *mut u8, len: usize, kernel: ZeroKernel) {
+pub(crate) unsafe fn zero_range(ptr: *mut u8, len: usize, kernel: ZeroKernel) {
     if len == 0 {
         return;
     }
@@ -180,7 +180,12 @@ pub unsafe fn zero_range(ptr: *mut u8, len: usize, kernel: ZeroKernel) {
 /// # Safety
 ///
 /// As for [`zero_range`].
-pub unsafe fn zero_range_hinted(ptr: *mut u8, len: usize, kernel: ZeroKernel, hint: Option<usize>) {
+pub(crate) unsafe fn zero_range_hinted(
+    ptr: *mut u8,
+    len: usize,
+    kernel: ZeroKernel,
+    hint: Option<usize>,
+) {
     let Some(hint) = hint.filter(|&h| h < len) else {
         // SAFETY: forwarded contract.
         return unsafe { zero_range(ptr, len, kernel) };
@@ -202,8 +207,9 @@ pub unsafe fn zero_range_hinted(ptr: *mut u8, len: usize, kernel: ZeroKernel, hi
     }
 }
 
-/// Safe wrapper: zeroes `buf` with `kernel`.
-pub fn zero_slice(buf: &mut [u8], kernel: ZeroKernel) {
+/// Safe wrapper: zeroes `buf` with `kernel` (the tests' way to call a kernel).
+#[cfg(test)]
+pub(crate) fn zero_slice(buf: &mut [u8], kernel: ZeroKernel) {
     // SAFETY: `buf` is a unique borrow, valid for writes of its length; it is not used as
     // a reference while the raw pointer writes (the borrow is reborrowed as a pointer).
     unsafe { zero_range(buf.as_mut_ptr(), buf.len(), kernel) }

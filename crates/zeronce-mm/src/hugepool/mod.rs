@@ -25,10 +25,10 @@
 //!
 //! **Notification** ([`HugePool::set_event_hook`]): an [`EventHook`] is called when a
 //! node's zeroable count grows, rate-limited per node by an injected [`Clock`] with a
-//! trailing event (see [`events`]).
+//! trailing event (see `events`).
 
 mod check;
-pub mod events;
+mod events;
 mod types;
 
 use std::collections::{HashMap, VecDeque};
@@ -356,7 +356,7 @@ impl HugePool {
     }
 
     /// Page counts of `node`.
-    pub fn node_counts(&self, node: ZoneId) -> PoolCounts {
+    pub(crate) fn node_counts(&self, node: ZoneId) -> PoolCounts {
         self.nodes
             .get(node.0)
             .map_or_else(PoolCounts::default, |n| PoolCounts {

@@ -9,7 +9,7 @@ use crate::types::{
 };
 use crate::zeroing::Zeroer;
 use crate::zone::tags::TagTable;
-use crate::zone::{Search, Zone};
+use crate::zone::{ReportedNotZero, Search, Zone};
 use std::sync::atomic::{
     AtomicU64,
     Ordering::{Relaxed, Release},
@@ -48,20 +48,6 @@ pub struct MmConfig {
     /// Where the host keeps reported blocks it did not promise zero; decides whether a
     /// zero-request takes them before or after reported known-zero blocks.
     pub reported_not_zero: ReportedNotZero,
-}
-
-/// What backs a reported block that is not known zero (see [`MmConfig::reported_not_zero`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ReportedNotZero {
-    /// Its backing was discarded without a zero promise (a host without zero hints): the
-    /// first touch faults, and the allocator zeroes it as well, so a zero-request takes
-    /// it last, after reported known-zero blocks (which only fault).
-    #[default]
-    Discarded,
-    /// The host keeps it resident (a hold not over yet, a lazy `MADV_FREE`): taking it
-    /// back costs a memset and no fault, so a zero-request takes it before reported
-    /// known-zero blocks (whose first touch faults every page in and grows RSS).
-    Resident,
 }
 
 impl MmConfig {
@@ -291,7 +277,7 @@ impl MemoryManager {
     }
 
     /// Number of zones (ids are `0..zone_count()`).
-    pub fn zone_count(&self) -> usize {
+    pub(crate) fn zone_count(&self) -> usize {
         self.zones.len()
     }
 

@@ -5,13 +5,13 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// Linux `PAGE_REPORTING_CAPACITY`: blocks per report call.
-pub const DEFAULT_CAPACITY: usize = 32;
+pub(crate) const DEFAULT_CAPACITY: usize = 32;
 
 /// Linux `PAGE_REPORTING_DELAY`: wait after a reportable free before a pass starts.
-pub const DEFAULT_DELAY: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_DELAY: Duration = Duration::from_secs(2);
 
 /// Linux divides each free list by `capacity * 16` to size a pass's budget.
-pub const BUDGET_DIVISOR: u64 = 16;
+pub(crate) const BUDGET_DIVISOR: u64 = 16;
 
 /// How many report calls a pass may make per free list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -96,7 +96,7 @@ pub enum ReportingConfigError {
 impl ReportingConfig {
     /// Checks the configuration and lowers the capacity to what the device accepts
     /// (rounded down to a power of two, as Linux's budget division expects).
-    pub fn fitted(mut self, device_capacity: usize) -> Result<Self, ReportingConfigError> {
+    pub(crate) fn fitted(mut self, device_capacity: usize) -> Result<Self, ReportingConfigError> {
         if self.capacity == 0 || !self.capacity.is_power_of_two() {
             return Err(ReportingConfigError::Capacity(self.capacity));
         }

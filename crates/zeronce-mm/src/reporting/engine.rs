@@ -76,7 +76,7 @@ pub struct PassReport {
 impl PassReport {
     /// Adds `other` (a pass run by the same call) into this report; the first device
     /// error is kept.
-    pub fn absorb(&mut self, other: PassReport) {
+    pub(crate) fn absorb(&mut self, other: PassReport) {
         self.stats.add(&other.stats);
         self.error = self.error.take().or(other.error);
         self.put_back_errors.extend(other.put_back_errors);
@@ -138,7 +138,8 @@ impl ReportingEngine {
     }
 
     /// Where the request cycle is.
-    pub fn phase(&self) -> Phase {
+    #[cfg(test)]
+    pub(crate) fn phase(&self) -> Phase {
         self.state.phase()
     }
 
@@ -171,7 +172,7 @@ impl ReportingEngine {
 
     /// The next instant the worker must act at: the pending pass, or the device's earliest
     /// hold expiry. `None`: sleep until notified.
-    pub fn next_wakeup(&self, device: &impl ReportingDevice) -> Option<Instant> {
+    pub(crate) fn next_wakeup(&self, device: &impl ReportingDevice) -> Option<Instant> {
         let due = lock(&self.schedule).due;
         match (due, device.hold_expiry()) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -219,7 +220,7 @@ impl ReportingEngine {
     /// After a pass panicked (the device panicked in it): the request cycle is left
     /// requested and the next scheduled pass set for `at` (the worker's back-off), so
     /// reporting resumes instead of waiting for a wake that never comes.
-    pub fn retry_at(&self, hooks: &impl ReportingHooks, at: Instant) {
+    pub(crate) fn retry_at(&self, hooks: &impl ReportingHooks, at: Instant) {
         self.state.set_requested();
         let mut s = lock(&self.schedule);
         s.due = Some(at);

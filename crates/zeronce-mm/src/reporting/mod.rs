@@ -36,12 +36,10 @@ mod worker;
 mod tests;
 
 pub use crate::manager::{PutBack, ZeroGuarantee};
-pub use config::{
-    BudgetPolicy, ReportingConfig, ReportingConfigError, BUDGET_DIVISOR, DEFAULT_CAPACITY,
-    DEFAULT_DELAY,
-};
+pub use config::{BudgetPolicy, ReportingConfig, ReportingConfigError};
 pub use device::{ReportError, ReportingDevice, ReportingHooks, Wanted};
 pub use engine::{PassKind, PassReport, PassStats, ReportingEngine, ReportingStats};
 pub use hooks::ManagerHooks;
-pub use state::{Phase, RequestState};
-pub use worker::{FreeNotify, Notifier, Reporter, ReporterHealth, BACKOFF_FIRST, BACKOFF_MAX};
+#[cfg(test)]
+use state::Phase;
+pub use worker::{Notifier, Reporter, ReporterHealth};

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Where the engine is in its request cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Nothing to do; the next reportable free must wake the worker.
     Idle,
     /// A pass is wanted (after the delay); frees need not wake anyone.
@@ -23,16 +23,16 @@ const ACTIVE: u8 = 2;
 
 /// The atomic state word shared by the free path and the worker.
 #[derive(Debug, Default)]
-pub struct RequestState(AtomicU8);
+pub(crate) struct RequestState(AtomicU8);
 
 impl RequestState {
     /// A new state word, IDLE.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RequestState(AtomicU8::new(IDLE))
     }
 
     /// Current phase.
-    pub fn phase(&self) -> Phase {
+    pub(crate) fn phase(&self) -> Phase {
         match self.0.load(Ordering::Acquire) {
             IDLE => Phase::Idle,
             REQUESTED => Phase::Requested,
@@ -42,7 +42,7 @@ impl RequestState {
 
     /// Requests a pass (Linux `__page_reporting_request`). Returns `true` only for the
     /// caller that moved the state out of IDLE: that caller must wake the worker.
-    pub fn request(&self) -> bool {
+    pub(crate) fn request(&self) -> bool {
         // Cheap read first: under churn the state is almost always already REQUESTED.
         if self.0.load(Ordering::Acquire) == REQUESTED {
             return false;
@@ -52,14 +52,14 @@ impl RequestState {
     }
 
     /// A pass starts: ACTIVE, so that frees during the pass are noticed.
-    pub fn begin_pass(&self) {
+    pub(crate) fn begin_pass(&self) {
         self.0.store(ACTIVE, Ordering::Release);
     }
 
     /// A pass ends. Returns `true` when someone requested more work during it (a free of
     /// reportable order, or a spent budget); the worker must schedule another pass after
     /// the delay. Otherwise the state is IDLE again.
-    pub fn end_pass(&self) -> bool {
+    pub(crate) fn end_pass(&self) -> bool {
         // Only ACTIVE → IDLE; a REQUESTED written during the pass survives the exchange.
         self.0
             .compare_exchange(ACTIVE, IDLE, Ordering::AcqRel, Ordering::Acquire)
@@ -67,7 +67,7 @@ impl RequestState {
     }
 
     /// Marks more work pending without waking anyone (a pass stopped on its budget).
-    pub fn set_requested(&self) {
+    pub(crate) fn set_requested(&self) {
         self.0.store(REQUESTED, Ordering::Release);
     }
 }

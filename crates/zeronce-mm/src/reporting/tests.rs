@@ -2,57 +2,13 @@
 //! parameter, nothing sleeps.
 
 use super::*;
+use crate::mock::{Answer, MockDevice};
 use crate::{
     AllocRequest, FreeHint, FreeState, MemoryManager, MmConfig, NoopZeroer, Order, PageRange, Pfn,
     ZoneId,
 };
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A device answering from a script (then `default`), recording every call.
-struct Scripted {
-    script: VecDeque<Result<ZeroGuarantee, ()>>,
-    default: ZeroGuarantee,
-    cap: usize,
-    calls: Vec<Vec<PageRange>>,
-}
-
-impl Scripted {
-    fn new(default: ZeroGuarantee) -> Self {
-        Scripted {
-            script: VecDeque::new(),
-            default,
-            cap: 1024,
-            calls: Vec::new(),
-        }
-    }
-}
-
-impl ReportingDevice for Scripted {
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-    fn report(
-        &mut self,
-        _now: Instant,
-        blocks: &[PageRange],
-        verdicts: &mut [ZeroGuarantee],
-    ) -> Result<(), ReportError> {
-        self.calls.push(blocks.to_vec());
-        match self.script.pop_front() {
-            Some(Err(())) => Err(ReportError::new("scripted failure")),
-            Some(Ok(v)) => {
-                verdicts.fill(v);
-                Ok(())
-            }
-            None => {
-                verdicts.fill(self.default);
-                Ok(())
-            }
-        }
-    }
-}
 
 /// 1024 pages, max order 4, reporting order 2: 64 free blocks of order 4, all dirty.
 fn mm(watermark: u64) -> MemoryManager {
@@ -73,13 +29,18 @@ fn cfg(capacity: usize, budget: BudgetPolicy) -> ReportingConfig {
     }
 }
 
+/// A device of 1024 blocks per call answering `verdict`.
+fn scripted(verdict: ZeroGuarantee) -> MockDevice<'static> {
+    MockDevice::new(1024, verdict)
+}
+
 /// A fresh manager (no watermark), a scripted device and an engine.
 fn setup(
     capacity: usize,
     budget: BudgetPolicy,
     verdict: ZeroGuarantee,
-) -> (MemoryManager, Scripted, ReportingEngine) {
-    let dev = Scripted::new(verdict);
+) -> (MemoryManager, MockDevice<'static>, ReportingEngine) {
+    let dev = scripted(verdict);
     let e = ReportingEngine::new(cfg(capacity, budget), dev.capacity()).unwrap();
     (mm(0), dev, e)
 }
@@ -124,7 +85,7 @@ fn flush_stops_at_its_page_limit_in_whole_blocks() {
 #[test]
 fn an_error_puts_the_batch_back_unreported_and_stops_the_pass() {
     let (m, mut dev, e) = setup(8, BudgetPolicy::Unlimited, ZeroGuarantee::Zeroed);
-    dev.script.push_back(Err(()));
+    dev.push(Answer::Fail);
     let r = flush(&e, &m, &mut dev, u64::MAX);
     assert!(r.error.is_some());
     assert_eq!((r.stats.calls, r.stats.errors, r.stats.pages), (1, 1, 0));
@@ -139,39 +100,24 @@ fn an_error_puts_the_batch_back_unreported_and_stops_the_pass() {
 
 #[test]
 fn blocks_being_reported_cannot_be_allocated() {
-    struct Grabby {
-        mm: Arc<MemoryManager>,
-        overlaps: usize,
-    }
-    impl ReportingDevice for Grabby {
-        fn capacity(&self) -> usize {
-            32
-        }
-        fn report(
-            &mut self,
-            _: Instant,
-            blocks: &[PageRange],
-            v: &mut [ZeroGuarantee],
-        ) -> Result<(), ReportError> {
-            // Allocate everything still allocatable while the batch is out.
-            while let Ok(a) = self.mm.alloc(Order::new(2).unwrap(), AllocRequest::DIRTY) {
-                self.overlaps += blocks
-                    .iter()
-                    .filter(|b| b.overlaps(&a.block.range()))
-                    .count();
-            }
-            v.fill(ZeroGuarantee::Zeroed);
-            Ok(())
-        }
-    }
     let m = Arc::new(mm(0));
-    let mut dev = Grabby {
-        mm: Arc::clone(&m),
-        overlaps: 0,
-    };
+    let mut overlaps = 0;
+    let grabber = Arc::clone(&m);
+    // Allocates everything still allocatable while the batch is out.
+    let mut dev = MockDevice::new(32, ZeroGuarantee::Zeroed).on_report(|blocks, v| {
+        while let Ok(a) = grabber.alloc(Order::new(2).unwrap(), AllocRequest::DIRTY) {
+            overlaps += blocks
+                .iter()
+                .filter(|b| b.overlaps(&a.block.range()))
+                .count();
+        }
+        v.fill(ZeroGuarantee::Zeroed);
+        Ok(())
+    });
     let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 32).unwrap();
     let r = flush(&e, &m, &mut dev, u64::MAX);
-    assert_eq!(dev.overlaps, 0);
+    drop(dev);
+    assert_eq!(overlaps, 0);
     assert_eq!(
         r.stats.pages, 64,
         "the first batch of 4 order-4 blocks; the rest was taken"
@@ -256,7 +202,7 @@ fn adaptive_budget_lifts_only_when_nothing_reportable_was_allocated() {
 fn a_zone_under_its_watermark_plus_one_batch_is_skipped() {
     // 1024 free pages: gated when low watermark + 2 blocks of order 2 (8 pages) > 1024.
     let m = mm(1024 - 8 + 1);
-    let mut dev = Scripted::new(ZeroGuarantee::Zeroed);
+    let mut dev = scripted(ZeroGuarantee::Zeroed);
     let e = ReportingEngine::new(cfg(2, BudgetPolicy::Unlimited), dev.capacity()).unwrap();
     let r = flush(&e, &m, &mut dev, u64::MAX);
     assert_eq!((r.stats.gated_zones, r.stats.calls), (1, 0));
@@ -267,32 +213,18 @@ fn a_zone_under_its_watermark_plus_one_batch_is_skipped() {
 
 #[test]
 fn a_free_during_a_pass_reschedules_it() {
-    struct Freer<'a> {
-        e: &'a ReportingEngine,
-    }
-    impl ReportingDevice for Freer<'_> {
-        fn capacity(&self) -> usize {
-            32
-        }
-        fn report(
-            &mut self,
-            _: Instant,
-            _: &[PageRange],
-            _: &mut [ZeroGuarantee],
-        ) -> Result<(), ReportError> {
-            assert!(
-                !self.e.notify_free(Order::new(3).unwrap()),
-                "ACTIVE: no wake needed"
-            );
-            Ok(())
-        }
-    }
     let m = mm(0);
     let e = ReportingEngine::new(cfg(32, BudgetPolicy::Unlimited), 32).unwrap();
     let t0 = Instant::now();
     e.notify_free(Order::new(4).unwrap());
     e.arm(&m, t0);
-    let mut dev = Freer { e: &e };
+    let mut dev = MockDevice::new(32, ZeroGuarantee::NotZeroed).on_report(|_, _| {
+        assert!(
+            !e.notify_free(Order::new(3).unwrap()),
+            "ACTIVE: no wake needed"
+        );
+        Ok(())
+    });
     e.run_due(&m, &mut dev, t0 + Duration::from_secs(2))
         .unwrap();
     assert_eq!(e.phase(), Phase::Requested);
@@ -333,7 +265,7 @@ fn a_reporter_refuses_an_order_it_could_never_report() {
         order: Order::new(5).unwrap(),
         ..cfg(32, BudgetPolicy::Linux)
     };
-    let err = Reporter::start(m, Scripted::new(ZeroGuarantee::Zeroed), c).err();
+    let err = Reporter::start(m, scripted(ZeroGuarantee::Zeroed), c).err();
     assert!(matches!(
         err,
         Some(ReportingConfigError::OrderAboveMax { .. })
@@ -348,7 +280,7 @@ fn a_delay_too_long_for_the_clock_never_runs_and_never_panics() {
         delay: Duration::MAX,
         ..cfg(32, BudgetPolicy::Linux)
     };
-    let mut dev = Scripted::new(ZeroGuarantee::Zeroed);
+    let mut dev = scripted(ZeroGuarantee::Zeroed);
     let e = ReportingEngine::new(c, dev.capacity()).unwrap();
     let t0 = Instant::now();
     assert!(e.notify_free(Order::new(4).unwrap()));
@@ -362,24 +294,15 @@ fn a_delay_too_long_for_the_clock_never_runs_and_never_panics() {
 
 #[test]
 fn a_device_that_panics_mid_report_loses_no_block() {
-    struct Panics;
-    impl ReportingDevice for Panics {
-        fn capacity(&self) -> usize {
-            4
-        }
-        fn report(
-            &mut self,
-            _: Instant,
-            _: &[PageRange],
-            _: &mut [ZeroGuarantee],
-        ) -> Result<(), ReportError> {
-            panic!("device bug");
-        }
-    }
     let m = mm(0);
     let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 4).unwrap();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        flush(&e, &m, &mut Panics, u64::MAX)
+        flush(
+            &e,
+            &m,
+            &mut MockDevice::new(4, ZeroGuarantee::Zeroed).otherwise(Answer::Panic),
+            u64::MAX,
+        )
     }));
     assert!(run.is_err());
     // The batch the device had went back unreported, as after a failed call.
@@ -394,42 +317,19 @@ fn a_settle_pass_offers_each_held_block_once_and_ends() {
     // Reported and held (not zero): more blocks than one call carries. A settle pass
     // where every hold is still running answers "not zero" for all of them; the blocks
     // put back must not be isolated again in the same pass (it never ended).
-    struct Held {
-        offered: Vec<PageRange>,
-    }
-    impl ReportingDevice for Held {
-        fn capacity(&self) -> usize {
-            4
-        }
-        fn report(
-            &mut self,
-            _: Instant,
-            _: &[PageRange],
-            _: &mut [ZeroGuarantee],
-        ) -> Result<(), ReportError> {
-            Ok(())
-        }
-        fn settle(
-            &mut self,
-            _: Instant,
-            blocks: &[PageRange],
-            _: &mut [ZeroGuarantee],
-        ) -> Result<(), ReportError> {
-            self.offered.extend_from_slice(blocks);
-            assert!(self.offered.len() <= 1024, "the settle pass does not end");
-            Ok(())
-        }
-    }
     let m = mm(0);
-    let mut dev = Held {
-        offered: Vec::new(),
-    };
+    let dev = MockDevice::new(4, ZeroGuarantee::NotZeroed);
+    let (log, settled) = (dev.log(), dev.log());
+    let mut dev = dev.on_settle(move |_, _| {
+        assert!(log.settled().len() <= 1024, "the settle pass does not end");
+        Ok(())
+    });
     let e = ReportingEngine::new(cfg(4, BudgetPolicy::Unlimited), 4).unwrap();
     assert_eq!(flush(&e, &m, &mut dev, u64::MAX).stats.pages, 1024);
     assert_eq!(free_pages_in(&m, FreeState::REPORTED_DIRTY), 1024);
     let r = e.pass(&m, &mut dev, Instant::now(), PassKind::Settle);
     assert_eq!((r.stats.calls, r.stats.zeroed_pages), (16, 0));
-    let mut offered = dev.offered.clone();
+    let mut offered = settled.settled();
     offered.sort_by_key(|b| b.start);
     offered.dedup();
     assert_eq!(offered.len(), 64, "each of the 64 held blocks offered once");

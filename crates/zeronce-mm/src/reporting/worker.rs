@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 /// Back-off after the first device panic in a background pass; it doubles with each
 /// panic in a row, up to [`BACKOFF_MAX`], and resets after a pass that ends normally.
-pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+pub(crate) const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// Longest back-off after device panics.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Caught lies logged in full before the log thins out to one line at each doubling.
 const LOG_FIRST: u64 = 10;
 
@@ -27,7 +27,7 @@ const LOG_FIRST: u64 = 10;
 pub struct ReporterHealth {
     /// The worker thread runs. A device panic in a pass does not end it: the panic is
     /// caught and counted, the pass's isolated blocks go back, and the worker retries
-    /// after a back-off ([`BACKOFF_FIRST`], doubling, at most [`BACKOFF_MAX`]).
+    /// after a back-off (100 ms, doubling, at most 60 s).
     pub worker_alive: bool,
     /// Background passes the device panicked in.
     pub panics: u64,
@@ -108,7 +108,7 @@ impl<D> ReporterState<D> {
 }
 
 /// The free-path side of a [`Reporter`]: cheap to clone, callable from any thread.
-pub trait FreeNotify: Send + Sync {
+pub(crate) trait FreeNotify: Send + Sync {
     /// A block of `order` (after merging) became free.
     fn freed(&self, order: Order);
 }

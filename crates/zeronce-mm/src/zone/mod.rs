@@ -9,12 +9,25 @@ pub(crate) mod free_lists;
 pub(crate) mod tags;
 
 use crate::error::FreeError;
-use crate::manager::ReportedNotZero;
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
 use free_lists::{FreeLists, Links};
 use std::sync::Arc;
 use tags::{Tag, TagTable};
+
+/// What backs a reported block that is not known zero (see [`crate::MmConfig::reported_not_zero`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReportedNotZero {
+    /// Its backing was discarded without a zero promise (a host without zero hints): the
+    /// first touch faults, and the allocator zeroes it as well, so a zero-request takes
+    /// it last, after reported known-zero blocks (which only fault).
+    #[default]
+    Discarded,
+    /// The host keeps it resident (a hold not over yet, a lazy `MADV_FREE`): taking it
+    /// back costs a memset and no fault, so a zero-request takes it before reported
+    /// known-zero blocks (whose first touch faults every page in and grows RSS).
+    Resident,
+}
 
 /// The order in which a request tries the four free states, one state at a time (each at
 /// the smallest order that has one): resident blocks before reported ones — the first

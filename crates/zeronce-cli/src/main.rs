@@ -6,31 +6,18 @@
 //! default sizes; explicit flags still win) and `--json` (one JSON object on stdout).
 #![forbid(unsafe_code)]
 
-/// std's `println!` with one difference: a closed stdout (`zeronce … | head`) ends the
-/// program quietly instead of panicking ([`stdout::write`]). Defined before the modules,
-/// so it is the `println!` every module of this crate uses.
+/// The benchmarks' `println!` (`zeronce_bench::stdout`): a closed stdout (`zeronce … |
+/// head`) ends the program quietly instead of panicking. Defined before the modules, so
+/// it is the `println!` every module of this crate uses.
 macro_rules! println {
-    () => {
-        $crate::stdout::write(format_args!("\n"))
-    };
     ($($arg:tt)*) => {
-        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
-    };
-}
-
-/// std's `print!`, through [`stdout::write`] like this crate's `println!`.
-macro_rules! print {
-    ($($arg:tt)*) => {
-        $crate::stdout::write(format_args!($($arg)*))
+        zeronce_bench::println!($($arg)*)
     };
 }
 
 mod bench;
 mod demo;
-mod plot;
 mod pool;
-mod stdout;
-mod vhost;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};

@@ -54,7 +54,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
     /// Draw resident memory over time (free and report moments marked) into this SVG file.
-    #[arg(long, value_name = "FILE.svg", value_parser = crate::plot::writable_path)]
+    #[arg(long, value_name = "FILE.svg", value_parser = zeronce_bench::plot::writable_path)]
     pub plot: Option<std::path::PathBuf>,
 }
 

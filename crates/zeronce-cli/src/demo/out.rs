@@ -1,12 +1,12 @@
 //! What the demo shows: steps as labelled lines (or one JSON object with `--json`),
 //! resident memory over time for `--plot`, and the counters with names and units.
 
-use crate::plot::{self, Mark, Series};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::time::Instant;
 use zeronce::zeronce_mm::reporting::ReportingStats;
 use zeronce::zeronce_mm::Stats;
+use zeronce_bench::plot::{self, Mark, Series};
 
 /// Collects the demo's output.
 pub struct Out {

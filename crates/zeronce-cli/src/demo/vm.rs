@@ -15,7 +15,7 @@ use zeronce::zeronce_mm::PAGE_SIZE;
 use zeronce::{DeviceHost, Order, VmMemory, VmStats};
 
 use super::args::DemoTopology;
-use crate::vhost::ServedDevice;
+use zeronce_bench::served::ServedDevice;
 
 use super::out::{self, Out};
 use super::{

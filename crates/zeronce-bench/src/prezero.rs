@@ -14,10 +14,10 @@
 //! and host-reclaim state is alike. Thread CPU time and wall time of the allocation step,
 //! medians over the runs. Hugetlb 2 MiB pages too when enough are reserved.
 
-use super::progress::Progress;
-use super::stats::{time_it, Sample, Summary};
-use super::target::Target;
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::{time_it, Sample, Summary};
+use crate::target::Target;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -27,17 +27,18 @@ use zeronce::{CancelToken, HugePagePool, PoolPage, PrezeroError};
 /// Arguments of `zeronce bench prezero`.
 #[derive(Args, Debug)]
 pub struct PrezeroArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Runs per mode (medians; at least 7 for the record) [default: 9; --quick: 5].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub runs: Option<usize>,
     /// 2 MiB pages in the pool, at most 65536 (128 GiB) [default: 512; --quick: 64].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub pages: Option<u64>,
     /// Milliseconds between the last write of the memory and the timed allocation, all
     /// modes [default: 200; --quick: 20].
-    #[arg(long, value_parser = super::millis)]
+    #[arg(long, value_parser = crate::common::millis)]
     pub gap_ms: Option<u64>,
 }
 
@@ -315,11 +316,11 @@ fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error
     );
     progress.finish();
     let thp = thp?.map_err(|e| format!("THP pool: {e}"))?;
-    let hugetlb = match super::hugetlb_skip(pages) {
+    let hugetlb = match crate::common::hugetlb_skip(pages) {
         Some(why) => Err(why),
         None => {
             let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
-            let fault = super::hugetlb_skip(2 * pages).is_none();
+            let fault = crate::common::hugetlb_skip(2 * pages).is_none();
             let progress = Progress::new(c, "bench prezero (hugetlb)", runs as u64);
             let r = run_backing(kind, pages, runs, gap, fault, &progress);
             progress.finish();

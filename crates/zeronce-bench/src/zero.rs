@@ -15,8 +15,8 @@
 //! Time is the measuring thread's CPU time (the upstream series' task-clock: preemption by the
 //! other jobs on this shared 2-vCPU VM is not counted); wall-clock medians are in the JSON.
 
-use super::stats::{time_it, Summary};
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::stats::{time_it, Summary};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use zeronce_mem::zeroing::NON_TEMPORAL_THRESHOLD;
@@ -25,6 +25,7 @@ use zeronce_mem::{BackingKind, GuestRam, RangeError, ZeroKernel};
 /// Arguments of `zeronce bench zero`.
 #[derive(Args, Debug)]
 pub struct ZeroArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
 }

@@ -21,13 +21,15 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::target::Target;
-use super::{alloc_once, churn, prezero, vm_start, BenchResult, Common};
+use crate::common::{BenchResult, Common};
 use crate::plot::{self, RatioRow};
+use crate::target::Target;
+use crate::{alloc_once, churn, prezero, vm_start};
 
 /// Arguments of `zeronce bench upstream`.
 #[derive(Args, Debug)]
 pub struct UpstreamArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Also draw our ratios beside the published ones as an SVG bar chart.
@@ -386,7 +388,7 @@ fn hugetlb_prezeroing(
 /// `vm-start` with this run's sizes, or why it could not run ("skipped: ...").
 fn vm_start_or_skip(c: Common, dir: Option<&std::path::Path>) -> Result<Value, String> {
     let size: u64 = c.pick(None, 64 << 20, 256 << 20);
-    if let Some(why) = super::hugetlb_skip(2 * size / (2 << 20)) {
+    if let Some(why) = crate::common::hugetlb_skip(2 * size / (2 << 20)) {
         return Err(why);
     }
     let dir = vm_start::mount(dir).map_err(|e| format!("skipped: no hugetlbfs mount: {e}"))?;

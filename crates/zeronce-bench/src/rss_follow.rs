@@ -4,9 +4,9 @@
 //! Linux's budget (1/16 of each free list per 2 s pass) and once with the adaptive budget
 //! (everything in one pass when nothing of reportable order was allocated during the delay).
 
-use super::progress::Progress;
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
 use crate::plot;
+use crate::progress::Progress;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -16,6 +16,7 @@ use zeronce::{BudgetPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetu
 /// Arguments of `zeronce bench rss-follow`.
 #[derive(Args, Debug)]
 pub struct RssFollowArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Draw resident memory over time for both budgets into this SVG file.

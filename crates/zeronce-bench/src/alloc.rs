@@ -15,10 +15,10 @@
 //! alternates), so they share the machine's noise; the ratio of a case is the median of
 //! the per-repetition ratios (ours / theirs). Throughput is from wall-clock time.
 
-use super::progress::Progress;
-use super::stats::{time_it, Summary};
-use super::target::{verdict, Target};
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::{time_it, Summary};
+use crate::target::{verdict, Target};
 use buddy_system_allocator::FrameAllocator;
 use clap::Args;
 use serde_json::{json, Map, Value};
@@ -34,18 +34,19 @@ use zeronce_mm::{
 /// Arguments of `zeronce bench alloc`.
 #[derive(Args, Debug)]
 pub struct AllocArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Repetitions of every case [default: 11; --quick: 7].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub repetitions: Option<usize>,
     /// Alloc+free pairs per thread per case and repetition [default: 1048576; --quick: 131072].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub pairs: Option<usize>,
     /// Blocks each thread allocates before freeing them, every case [default: 64 for
     /// orders 0 and 3, 8 for order 9]. A batch larger than a slot keeps (see the output)
     /// sends most frees and allocations past the kept blocks.
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub batch: Option<usize>,
 }
 

@@ -2,7 +2,7 @@
 //! that the sizes can show what the demo promises (the working set reported and handed
 //! back known zero) before anything is mapped.
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
 use zeronce::zeronce_balloon_driver::DriverOptions;

@@ -98,133 +98,207 @@ fn follow(plan: Plan, budget: BudgetPolicy) -> Result<Outcome, zeronce::Error> {
     Ok(out)
 }
 
+/// The two budgets, in the order they run. The target is the adaptive budget's; Linux's
+/// budget is the comparison (it reports 1/16 per pass by design) and gets no verdict.
+const POLICIES: [Policy; 2] = [
+    Policy {
+        name: "linux",
+        budget: BudgetPolicy::Linux,
+        has_target: false,
+    },
+    Policy {
+        name: "adaptive",
+        budget: BudgetPolicy::Adaptive,
+        has_target: true,
+    },
+];
+
+/// One budget the benchmark follows.
+#[derive(Clone, Copy)]
+struct Policy {
+    name: &'static str,
+    budget: BudgetPolicy,
+    has_target: bool,
+}
+
+/// What one budget achieved, and whether that meets the target.
+struct Followed {
+    policy: Policy,
+    outcome: Outcome,
+    met: bool,
+}
+
+impl Plan {
+    /// The sizes and times of a full run, or of a `--quick` one.
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                written: 1 << 30,
+                working_set: 64 << 20,
+                delay: Duration::from_millis(500),
+                sample: Duration::from_millis(100),
+                flat_for: Duration::from_millis(1500),
+                timeout: Duration::from_secs(7),
+            }
+        } else {
+            Plan {
+                written: 4 << 30,
+                working_set: 256 << 20,
+                delay: ReportingConfig::default().delay,
+                sample: Duration::from_millis(100),
+                flat_for: Duration::from_secs(4),
+                timeout: Duration::from_secs(120),
+            }
+        }
+    }
+
+    /// The target: settled within this many seconds of the free...
+    fn target_s(&self) -> f64 {
+        self.delay.as_secs_f64() + 1.0
+    }
+
+    /// ... at no more than this many resident bytes.
+    fn target_bytes(&self) -> u64 {
+        self.working_set as u64 + (64 << 20)
+    }
+}
+
 /// Runs the benchmark.
 pub fn run(args: &RssFollowArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let plan = if quick {
-        Plan {
-            written: 1 << 30,
-            working_set: 64 << 20,
-            delay: Duration::from_millis(500),
-            sample: Duration::from_millis(100),
-            flat_for: Duration::from_millis(1500),
-            timeout: Duration::from_secs(7),
-        }
-    } else {
-        Plan {
-            written: 4 << 30,
-            working_set: 256 << 20,
-            delay: ReportingConfig::default().delay,
-            sample: Duration::from_millis(100),
-            flat_for: Duration::from_secs(4),
-            timeout: Duration::from_secs(120),
-        }
-    };
-    let target_s = plan.delay.as_secs_f64() + 1.0;
-    let target_bytes = plan.working_set as u64 + (64 << 20);
+    let plan = Plan::new(quick);
     if !json {
         println!(
             "bench rss-follow{}: write {} MiB in 2 MiB blocks, keep {} MiB, free the rest; \
              reporting delay {} ms; target (adaptive budget): resident ≤ {} MiB within \
-             {target_s:.1} s",
+             {:.1} s",
             if quick { " (--quick)" } else { "" },
             plan.written >> 20,
             plan.working_set >> 20,
             plan.delay.as_millis(),
-            target_bytes >> 20
+            plan.target_bytes() >> 20,
+            plan.target_s()
         );
     }
-    let mut lines = Vec::new();
-    let mut policies = Map::new();
-    let mut settle = [0.0; 2];
-    let mut met = [false; 2];
-    // The target is the adaptive budget's; Linux's budget is the comparison (it reports
-    // 1/16 per pass by design) and gets no verdict.
-    for (i, (name, budget, has_target)) in [
-        ("linux", BudgetPolicy::Linux, false),
-        ("adaptive", BudgetPolicy::Adaptive, true),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    let mut results = Vec::new();
+    for policy in POLICIES {
+        let name = policy.name;
         let progress = Progress::new(args.common, &format!("bench rss-follow ({name})"), 1);
-        let o = follow(plan, budget);
+        let o = follow(plan, policy.budget);
         progress.finish();
-        let o = o?;
-        lines.push(plot::Series {
-            name: format!("{name} budget"),
-            points: o
+        let outcome = o?;
+        let met = outcome.rss_after <= plan.target_bytes()
+            && outcome.seconds_to_settle <= plan.target_s();
+        let followed = Followed {
+            policy,
+            outcome,
+            met,
+        };
+        if !json {
+            print_line(&followed);
+        }
+        results.push(followed);
+    }
+    if let Some(path) = &args.plot {
+        draw(path, &plan, &results)?;
+        if !json {
+            println!("plot: {}", path.display());
+        }
+    }
+    let settle = |i: usize| results[i].outcome.seconds_to_settle;
+    if json {
+        print_json(quick, &plan, &results);
+    } else {
+        println!(
+            "adaptive settles in {:.1} s, linux in {:.1} s",
+            settle(1),
+            settle(0)
+        );
+    }
+    Ok(())
+}
+
+fn print_line(f: &Followed) {
+    let o = &f.outcome;
+    println!(
+        "  {:<8}: resident {:>5} MiB after {:>5.1} s ({} passes); whole process \
+         RssAnon {} MiB; {}",
+        f.policy.name,
+        o.rss_after >> 20,
+        o.seconds_to_settle,
+        o.passes,
+        o.process_rss_anon_after >> 20,
+        match (f.policy.has_target, f.met) {
+            (false, _) => "comparison, no target",
+            (true, true) => "target met",
+            (true, false) => "target NOT MET",
+        },
+    );
+}
+
+/// Resident memory over time of both budgets, the free and the first report marked.
+fn draw(path: &std::path::Path, plan: &Plan, results: &[Followed]) -> BenchResult {
+    let lines: Vec<plot::Series> = results
+        .iter()
+        .map(|f| plot::Series {
+            name: format!("{} budget", f.policy.name),
+            points: f
+                .outcome
                 .samples
                 .iter()
                 .map(|&(t, b)| (t, (b >> 20) as f64))
                 .collect(),
-        });
-        settle[i] = o.seconds_to_settle;
-        met[i] = o.rss_after <= target_bytes && o.seconds_to_settle <= target_s;
-        if !json {
-            println!(
-                "  {name:<8}: resident {:>5} MiB after {:>5.1} s ({} passes); whole process \
-                 RssAnon {} MiB; {}",
-                o.rss_after >> 20,
-                o.seconds_to_settle,
-                o.passes,
-                o.process_rss_anon_after >> 20,
-                match (has_target, met[i]) {
-                    (false, _) => "comparison, no target",
-                    (true, true) => "target met",
-                    (true, false) => "target NOT MET",
-                },
-            );
-        }
-        policies.insert(
-            name.into(),
-            json!({
+        })
+        .collect();
+    let marks = [
+        plot::Mark {
+            at: 0.0,
+            what: "freed".into(),
+        },
+        plot::Mark {
+            at: plan.delay.as_secs_f64(),
+            what: "first report due".into(),
+        },
+    ];
+    plot::resident_over_time(path, "resident memory after a free", &lines, &marks)
+}
+
+fn print_json(quick: bool, plan: &Plan, results: &[Followed]) {
+    let policies: Map<String, Value> = results
+        .iter()
+        .map(|f| {
+            let o = &f.outcome;
+            let value = json!({
                 "working_set_bytes": plan.working_set,
                 "rss_after_bytes": o.rss_after,
                 "process_rss_anon_after_bytes": o.process_rss_anon_after,
                 "seconds_to_settle": o.seconds_to_settle,
                 "passes": o.passes,
-                "target_met": if has_target { json!(met[i]) } else { Value::Null },
+                "target_met": if f.policy.has_target { json!(f.met) } else { Value::Null },
                 "samples_s_bytes": o.samples,
-            }),
-        );
-    }
-    if let Some(path) = &args.plot {
-        let marks = [
-            plot::Mark {
-                at: 0.0,
-                what: "freed".into(),
-            },
-            plot::Mark {
-                at: plan.delay.as_secs_f64(),
-                what: "first report due".into(),
-            },
-        ];
-        plot::resident_over_time(path, "resident memory after a free", &lines, &marks)?;
-        if !json {
-            println!("plot: {}", path.display());
-        }
-    }
-    if json {
-        let mut out = Map::new();
-        out.insert("bench".into(), json!("rss-follow"));
-        out.insert("quick".into(), json!(quick));
-        out.insert("written_bytes".into(), json!(plan.written));
-        out.insert("delay_s".into(), json!(plan.delay.as_secs_f64()));
-        out.insert("adaptive_seconds_to_settle".into(), json!(settle[1]));
-        out.insert("linux_seconds_to_settle".into(), json!(settle[0]));
-        out.insert("adaptive_target_met".into(), json!(met[1]));
-        out.insert("policies".into(), Value::Object(policies));
-        out.insert(
-            "method".into(),
-            json!("rss_after_bytes = resident bytes of the arena (mincore); seconds_to_settle = time of the last drop after the free; sampled every 100 ms until flat for flat_for or timeout"),
-        );
-        println!("{}", Value::Object(out));
-    } else {
-        println!(
-            "adaptive settles in {:.1} s, linux in {:.1} s",
-            settle[1], settle[0]
-        );
-    }
-    Ok(())
+            });
+            (f.policy.name.to_string(), value)
+        })
+        .collect();
+    let (linux, adaptive) = (&results[0], &results[1]);
+    let mut out = Map::new();
+    out.insert("bench".into(), json!("rss-follow"));
+    out.insert("quick".into(), json!(quick));
+    out.insert("written_bytes".into(), json!(plan.written));
+    out.insert("delay_s".into(), json!(plan.delay.as_secs_f64()));
+    out.insert(
+        "adaptive_seconds_to_settle".into(),
+        json!(adaptive.outcome.seconds_to_settle),
+    );
+    out.insert(
+        "linux_seconds_to_settle".into(),
+        json!(linux.outcome.seconds_to_settle),
+    );
+    out.insert("adaptive_target_met".into(), json!(adaptive.met));
+    out.insert("policies".into(), Value::Object(policies));
+    out.insert(
+        "method".into(),
+        json!("rss_after_bytes = resident bytes of the arena (mincore); seconds_to_settle = time of the last drop after the free; sampled every 100 ms until flat for flat_for or timeout"),
+    );
+    println!("{}", Value::Object(out));
 }

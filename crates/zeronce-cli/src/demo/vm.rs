@@ -66,11 +66,11 @@ impl Devices {
 pub fn run(args: &DemoArgs, plan: &Plan, out: &mut Out) -> Result<(), Box<dyn std::error::Error>> {
     let devices = Devices::start(args, plan)?;
     let (host, plain_host, device_at) = devices.hosts();
-    let reporting = plan.setup.config;
+    let delay = plan.setup.config.delay;
     let vm = VmMemory::builder()
         .size(plan.size)
         .backing(plan.backing)
-        .reporting(reporting)
+        .reporting(plan.setup.config)
         .zero_hints(plan.setup.zero_hints)
         .device(host)
         .build()?;
@@ -82,21 +82,9 @@ pub fn run(args: &DemoArgs, plan: &Plan, out: &mut Out) -> Result<(), Box<dyn st
     });
     out.show(&negotiated(&vm));
     out.show(&steps::settings(args, plan));
-    out.show(&steps::level(&vm, Phase::Start, reporting.delay));
-    let written = steps::round_trip(&vm, plan.blocks, reporting.delay, None, out)?;
-    out.show(&device_counters(
-        Counted {
-            key: "device",
-            label: "device (steps 0-4)",
-            // `reported = a ∧ b` on merge (docs/ARCHITECTURE.md §3), as in Linux.
-            beyond_why: "never-written free memory merged with a freed neighbour, and a merged \
-                         block counts as reported only if both halves were, so it was reported \
-                         again whole",
-        },
-        plan,
-        &vm,
-        devices.guest(),
-    ));
+    out.show(&steps::level(&vm, Phase::Start, delay));
+    let written = steps::round_trip(&vm, plan.blocks, delay, None, out)?;
+    out.show(&device_counters(GUEST, plan, &vm, devices.guest()));
     let why = if plan.setup.zero_hints {
         ""
     } else {
@@ -107,20 +95,7 @@ pub fn run(args: &DemoArgs, plan: &Plan, out: &mut Out) -> Result<(), Box<dyn st
     out.show(&Allocator(vm.stats().mm));
     drop(again);
 
-    // The baseline: a device without DEVICE_INIT_REPORTED. It discards just the same, but
-    // promises nothing, so every reported block is zeroed again on allocation.
-    let plain = VmMemory::builder()
-        .size(plan.working_set + 4 * MIB)
-        .backing(plan.backing)
-        // Small on purpose (every block is the one just written): no watermark gate.
-        .reporting(ReportingConfig {
-            watermark_gate: false,
-            ..reporting
-        })
-        .zero_hints(false)
-        .fresh_is_zero(false)
-        .device(plain_host)
-        .build()?;
+    let plain = plain_guest(plan, plain_host)?;
     let (zeroed_mib, timing, _blocks) = steps::baseline(&plain, plan.blocks, || {
         plain.flush(u64::MAX);
     })?;
@@ -129,19 +104,43 @@ pub fn run(args: &DemoArgs, plan: &Plan, out: &mut Out) -> Result<(), Box<dyn st
         zeroed_mib,
         timing,
     });
-    out.show(&device_counters(
-        Counted {
-            key: "baseline_device",
-            label: "second device (step 5's own, bit 6 off)",
-            beyond_why: "the rest of this smaller guest's RAM was never written, but without a \
-                         zero promise it counts as dirty, and the flush reports all free memory",
-        },
-        plan,
-        &plain,
-        devices.baseline(),
-    ));
+    out.show(&device_counters(PLAIN, plan, &plain, devices.baseline()));
     Ok(())
 }
+
+/// The baseline's guest: its device lacks DEVICE_INIT_REPORTED. It discards just the
+/// same, but promises nothing, so every reported block is zeroed again on allocation.
+fn plain_guest(plan: &Plan, host: DeviceHost) -> Result<VmMemory, Box<dyn std::error::Error>> {
+    Ok(VmMemory::builder()
+        .size(plan.working_set + 4 * MIB)
+        .backing(plan.backing)
+        // Small on purpose (every block is the one just written): no watermark gate.
+        .reporting(ReportingConfig {
+            watermark_gate: false,
+            ..plan.setup.config
+        })
+        .zero_hints(false)
+        .fresh_is_zero(false)
+        .device(host)
+        .build()?)
+}
+
+/// The guest's device, steps 0 to 4.
+const GUEST: Counted = Counted {
+    key: "device",
+    label: "device (steps 0-4)",
+    // `reported = a ∧ b` on merge (docs/ARCHITECTURE.md §3), as in Linux.
+    beyond_why: "never-written free memory merged with a freed neighbour, and a merged block \
+                 counts as reported only if both halves were, so it was reported again whole",
+};
+
+/// The baseline's device, step 5.
+const PLAIN: Counted = Counted {
+    key: "baseline_device",
+    label: "second device (step 5's own, bit 6 off)",
+    beyond_why: "the rest of this smaller guest's RAM was never written, but without a zero \
+                 promise it counts as dirty, and the flush reports all free memory",
+};
 
 /// What the driver and the device agreed on.
 fn negotiated(vm: &VmMemory) -> Negotiated {

@@ -8,7 +8,7 @@
 //! timed step starts the same `--gap-ms` after its memory was freed, so cold-versus-warm
 //! memory (docs/ARCHITECTURE.md §7) is equal across modes; the output states it. Thread CPU time (the
 //! published series measured whole-process task-clock in a VM instead, see
-//! [`PUBLISHED`]) and wall time of the allocation step only.
+//! `PUBLISHED`) and wall time of the allocation step only.
 
 use crate::common::{BenchResult, Common};
 use crate::progress::Progress;

@@ -1,4 +1,4 @@
-//! Everything the program prints on stdout goes through [`write`] (this crate's `println!`
+//! Everything the program prints on stdout goes through [`write()`] (this crate's `println!`
 //! and `print!`, which the `zeronce` program uses too, call it).
 //!
 //! Rust ignores SIGPIPE, so a write to a pipe whose reader has gone (`zeronce demo | head

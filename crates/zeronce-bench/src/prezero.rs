@@ -104,16 +104,15 @@ fn alloc_step(
     Ok(())
 }
 
-/// Runs the modes `runs` times, interleaved (order rotates per run); `kernel_fault` only
+/// Runs the modes the plan's `runs` times, interleaved (order rotates per run); `kernel_fault` only
 /// with `fault`.
 fn measure_backing(
     kind: BackingKind,
-    pages: u64,
-    runs: usize,
-    gap: Duration,
+    plan: &Plan,
     fault: bool,
     progress: &Progress,
 ) -> Result<Series, PrezeroError> {
+    let Plan { pages, runs, gap } = *plan;
     let pool = HugePagePool::builder().pages(pages).backing(kind).build()?;
     let mut s = Series::default();
     let modes = if fault { 3 } else { 2 };
@@ -270,13 +269,11 @@ fn print_table(title: &str, s: &Series) {
 /// Runs one backing; the inner `Err` says why its memory was not available.
 fn run_backing(
     kind: BackingKind,
-    pages: u64,
-    runs: usize,
-    gap: Duration,
+    plan: &Plan,
     fault: bool,
     progress: &Progress,
 ) -> Result<Result<Series, String>, PrezeroError> {
-    match measure_backing(kind, pages, runs, gap, fault, progress) {
+    match measure_backing(kind, plan, fault, progress) {
         Ok(s) => Ok(Ok(s)),
         // Hugetlb pages taken by someone else between the check and the mapping.
         Err(PrezeroError::Ram(e)) if matches!(kind, BackingKind::Hugetlb(_)) => {
@@ -304,16 +301,9 @@ struct Measured {
 }
 
 fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error>> {
-    let Plan { pages, runs, gap } = *plan;
+    let Plan { pages, runs, .. } = *plan;
     let progress = Progress::new(c, "bench prezero", runs as u64);
-    let thp = run_backing(
-        BackingKind::Anonymous { thp: true },
-        pages,
-        runs,
-        gap,
-        true,
-        &progress,
-    );
+    let thp = run_backing(BackingKind::Anonymous { thp: true }, plan, true, &progress);
     progress.finish();
     let thp = thp?.map_err(|e| format!("THP pool: {e}"))?;
     let hugetlb = match crate::common::hugetlb_skip(pages) {
@@ -322,7 +312,7 @@ fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error
             let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
             let fault = crate::common::hugetlb_skip(2 * pages).is_none();
             let progress = Progress::new(c, "bench prezero (hugetlb)", runs as u64);
-            let r = run_backing(kind, pages, runs, gap, fault, &progress);
+            let r = run_backing(kind, plan, fault, &progress);
             progress.finish();
             r?
         }

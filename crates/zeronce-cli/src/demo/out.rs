@@ -193,45 +193,69 @@ impl Show for Settings {
 
 impl Show for Level {
     fn show(&self, out: &mut Out) {
-        let (n, what, key) = match self.phase {
+        self.plot(out);
+        match self.gauge {
+            Gauge::Memfd => self.memfd_line(out),
+            Gauge::Resident => self.resident_line(out),
+        }
+    }
+}
+
+impl Level {
+    /// The step's number, its words and its JSON name.
+    fn label(&self) -> (u8, &'static str, &'static str) {
+        let memfd = self.gauge == Gauge::Memfd;
+        match self.phase {
             Phase::Start => (0, "start", "start"),
             Phase::Wrote => (1, "wrote the working set", "wrote"),
-            Phase::Freed if self.gauge == Gauge::Memfd => {
-                (2, "freed it (not reported yet)", "freed")
-            }
+            Phase::Freed if memfd => (2, "freed it (not reported yet)", "freed"),
             Phase::Freed => (2, "freed it", "freed"),
-            Phase::Reported { .. } if self.gauge == Gauge::Memfd => {
-                (3, "reported over the virtqueue", "reported")
-            }
+            Phase::Reported { .. } if memfd => (3, "reported over the virtqueue", "reported"),
             Phase::Reported { .. } => (3, "background reporter ran", "reported"),
-        };
-        if let Phase::Freed = self.phase {
-            out.mark(self.held.at, "freed");
         }
+    }
+
+    /// The memory held (every sample taken while waiting for the reporter), and the
+    /// free and the report as marks.
+    fn plot(&self, out: &mut Out) {
+        match &self.phase {
+            Phase::Reported { settled, .. } => {
+                settled.samples.iter().for_each(|&s| out.sample(s));
+                out.mark(self.held.at, "reported");
+            }
+            Phase::Freed => {
+                out.mark(self.held.at, "freed");
+                out.sample(self.held);
+            }
+            Phase::Start | Phase::Wrote => out.sample(self.held),
+        }
+    }
+
+    /// VM mode's line: the memfd's allocated MiB; after the report, how long it took.
+    fn memfd_line(&self, out: &mut Out) {
+        let (n, what, key) = self.label();
+        let m = mib(self.held.bytes);
+        out.step(
+            &format!("{n}. {what:<31} memfd allocated {m:>6} MiB"),
+            json!({ "step": key, "memfd_allocated_mib": m }),
+        );
         if let Phase::Reported { settled, .. } = &self.phase {
-            settled.samples.iter().for_each(|&s| out.sample(s));
-            out.mark(self.held.at, "reported");
-        } else {
-            out.sample(self.held);
+            out.explain(&format!(
+                "({}; a pass runs {:.1} s after the first request since the last pass: the \
+                 free, or the one made at start-up; seen by polling every 0.1 s)",
+                describe(settled, self.delay),
+                self.delay.as_secs_f64()
+            ));
         }
+    }
+
+    /// Process mode's line: resident MiB, and what the reporter is doing.
+    fn resident_line(&self, out: &mut Out) {
+        let (n, what, key) = self.label();
         let m = mib(self.held.bytes);
         let delay = self.delay.as_secs_f64();
-        match (self.gauge, &self.phase) {
-            (Gauge::Memfd, phase) => {
-                out.step(
-                    &format!("{n}. {what:<31} memfd allocated {m:>6} MiB"),
-                    json!({ "step": key, "memfd_allocated_mib": m }),
-                );
-                if let Phase::Reported { settled, .. } = phase {
-                    out.explain(&format!(
-                        "({}; a pass runs {delay:.1} s after the first request since the last \
-                         pass: the free, or the one made at start-up; seen by polling every 0.1 \
-                         s)",
-                        describe(settled, self.delay),
-                    ));
-                }
-            }
-            (Gauge::Resident, Phase::Reported { settled, hold }) => {
+        match &self.phase {
+            Phase::Reported { settled, hold } => {
                 out.step(
                     &format!(
                         "{n}. {what:<30} resident {m:>6} MiB, {} (a pass runs {delay:.1} s after \
@@ -251,7 +275,7 @@ impl Show for Level {
                     ));
                 }
             }
-            (Gauge::Resident, phase) => {
+            phase => {
                 let tail = match phase {
                     Phase::Freed => format!(
                         " (free in the allocator, not yet given back: the next reporting pass \

@@ -1,38 +1,30 @@
-//! `zeronce`: the command-line program.
+//! `zeronce`: the command-line program. It parses the command line and dispatches:
+//!
+//! - `demo` (module `demo`): process or VM mode end to end, step by step;
+//! - `bench <name>` (module `bench`): the benchmarks of the `zeronce-bench` crate; every
+//!   one takes `--quick` (smaller default sizes; explicit flags still win) and `--json`
+//!   (one JSON object on stdout);
+//! - `serve`, `balloon`: the vhost-user device and its control verbs (`zeronce-vhost`);
+//! - `pool ...` (module `pool`): the pre-zeroed huge-page file pool (`zeronce-pool`);
+//! - module `exit`: the exit codes, and each failure as one line on stderr.
 //!
 //! How the system fits together: the repository's `docs/ARCHITECTURE.md`.
-//!
-//! `zeronce bench <name>` runs one benchmark; every benchmark takes `--quick` (smaller
-//! default sizes; explicit flags still win) and `--json` (one JSON object on stdout).
 #![forbid(unsafe_code)]
 
-/// std's `println!` with one difference: a closed stdout (`zeronce … | head`) ends the
-/// program quietly instead of panicking ([`stdout::write`]). Defined before the modules,
-/// so it is the `println!` every module of this crate uses.
+/// The benchmarks' `println!` (`zeronce_bench::stdout`): a closed stdout (`zeronce … |
+/// head`) ends the program quietly instead of panicking. Defined before the modules, so
+/// it is the `println!` every module of this crate uses.
 macro_rules! println {
-    () => {
-        $crate::stdout::write(format_args!("\n"))
-    };
     ($($arg:tt)*) => {
-        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
-    };
-}
-
-/// std's `print!`, through [`stdout::write`] like this crate's `println!`.
-macro_rules! print {
-    ($($arg:tt)*) => {
-        $crate::stdout::write(format_args!($($arg)*))
+        zeronce_bench::println!($($arg)*)
     };
 }
 
 mod bench;
 mod demo;
-mod plot;
+mod exit;
 mod pool;
-mod stdout;
-mod vhost;
 
-use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -76,10 +68,22 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return exit::parse_error(e),
     };
-    // A daemon logs its progress; the other commands only what went wrong.
-    let default_level = match cli.command {
+    logging(&cli.command);
+    exit::of(match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::Bench { which } => bench::run(which),
+        Command::Serve(args) => zeronce_vhost::cli::serve(&args).map_err(Into::into),
+        Command::Balloon(args) => zeronce_vhost::cli::balloon(&args).map_err(Into::into),
+        Command::Pool { cmd } => pool::run(cmd),
+    })
+}
+
+/// Log lines on stderr, `RUST_LOG` choosing which: by default a daemon logs its
+/// progress, the other commands only what went wrong.
+fn logging(command: &Command) {
+    let default_level = match command {
         Command::Pool {
             cmd: pool::PoolCmd::Serve(_),
         } => "info",
@@ -94,72 +98,4 @@ fn main() -> ExitCode {
         // Colour only for a person at a terminal, never into a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = match cli.command {
-        Command::Demo(args) => demo::run(&args),
-        Command::Bench { which } => bench::run(which),
-        Command::Serve(args) => zeronce_vhost::cli::serve(&args).map_err(Into::into),
-        Command::Balloon(args) => zeronce_vhost::cli::balloon(&args).map_err(Into::into),
-        Command::Pool { cmd } => pool::run(cmd),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("zeronce: {e}");
-            if e.is::<UsageError>() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-    }
-}
-
-/// Arguments that parse but cannot work together (found before anything runs): exit
-/// code 2, like a parse error.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// Help and version go to stdout as clap renders them; a usage error becomes one line on
-/// stderr and exit code 2.
-fn usage_error(e: clap::Error) -> ExitCode {
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        let _ = e.print();
-        return if e.exit_code() == 0 {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(2)
-        };
-    }
-    // clap's first paragraph, on one line: it may continue on indented lines (the
-    // missing arguments, the possible values).
-    let text = e.render().to_string();
-    let first: Vec<&str> = text
-        .lines()
-        .take_while(|l| !l.trim().is_empty())
-        .map(str::trim)
-        .collect();
-    let line = first.join(" ");
-    let line = line.strip_prefix("error: ").unwrap_or(&line);
-    eprintln!(
-        "zeronce: {} (see --help)",
-        if line.is_empty() {
-            "invalid arguments"
-        } else {
-            line
-        }
-    );
-    ExitCode::from(2)
 }

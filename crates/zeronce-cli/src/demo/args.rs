@@ -2,7 +2,7 @@
 //! that the sizes can show what the demo promises (the working set reported and handed
 //! back known zero) before anything is mapped.
 
-use crate::UsageError;
+use crate::exit::UsageError;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
 use zeronce::zeronce_balloon_driver::DriverOptions;
@@ -54,7 +54,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
     /// Draw resident memory over time (free and report moments marked) into this SVG file.
-    #[arg(long, value_name = "FILE.svg", value_parser = crate::plot::writable_path)]
+    #[arg(long, value_name = "FILE.svg", value_parser = zeronce_bench::plot::writable_path)]
     pub plot: Option<std::path::PathBuf>,
 }
 

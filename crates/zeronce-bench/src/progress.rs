@@ -1,7 +1,7 @@
 //! Progress of long runs on stderr (`indicatif`): drawn only when stderr is a terminal,
 //! so `--json` output piped to a file or a pipe stays clean and logs stay readable.
 
-use super::Common;
+use crate::common::Common;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A progress bar over `total` steps (repetitions, rounds, runs).

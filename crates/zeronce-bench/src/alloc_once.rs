@@ -8,12 +8,12 @@
 //! timed step starts the same `--gap-ms` after its memory was freed, so cold-versus-warm
 //! memory (docs/ARCHITECTURE.md §7) is equal across modes; the output states it. Thread CPU time (the
 //! published series measured whole-process task-clock in a VM instead, see
-//! [`PUBLISHED`]) and wall time of the allocation step only.
+//! `PUBLISHED`) and wall time of the allocation step only.
 
-use super::progress::Progress;
-use super::stats::{time_it, Summary};
-use super::target::Target;
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::{time_it, Summary};
+use crate::target::Target;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -29,14 +29,15 @@ the allocation step alone in process mode, so compare the ratio, not the millise
 /// Arguments of `zeronce bench alloc-once`.
 #[derive(Args, Debug)]
 pub struct AllocOnceArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Runs per mode and variant (at least 10 for the record) [default: 10; --quick: 3].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub runs: Option<usize>,
     /// Idle milliseconds between the free (+ flush) and the timed allocation, same for
     /// all modes [default: 200; --quick: 50].
-    #[arg(long, value_parser = super::millis)]
+    #[arg(long, value_parser = crate::common::millis)]
     pub gap_ms: Option<u64>,
 }
 
@@ -295,7 +296,7 @@ fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error
     let thp = thp?;
     // Hugetlb: only when enough 2 MiB pages are reserved (never reserved by the bench).
     let huge_arena = 2 * size;
-    let hugetlb = match super::hugetlb_skip(plan.hugetlb_pages()) {
+    let hugetlb = match crate::common::hugetlb_skip(plan.hugetlb_pages()) {
         Some(why) => Err(why),
         None => match measure_backing(
             huge_arena,

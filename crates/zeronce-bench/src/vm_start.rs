@@ -29,13 +29,14 @@ use zeronce_pool::files::{mount_from_env, MOUNT_ENV_2M};
 use zeronce_pool::{Pool, PoolConfig, WorkerConfig};
 use zeronce_types::size::parse_size;
 
-use super::stats::{time_it, Summary};
-use super::target::Target;
-use super::{at_least_one, millis, BenchResult, Common};
+use crate::common::{at_least_one, millis, BenchResult, Common};
+use crate::stats::{time_it, Summary};
+use crate::target::Target;
 
 /// Arguments of `zeronce bench vm-start`.
 #[derive(Args, Debug)]
 pub struct VmStartArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Guest memory to obtain, a multiple of 2 MiB (e.g. 1G; --quick: 256M).

@@ -17,13 +17,14 @@ use zeronce::{
     DeviceHost, Order, PageBlock, ProcessMemory, ReportingConfig, ReportingSetup, VmMemory,
 };
 
-use super::stats::Summary;
-use super::{at_least_one, BenchResult, Common};
-use crate::vhost::ServedDevice;
+use crate::common::{at_least_one, BenchResult, Common};
+use crate::served::ServedDevice;
+use crate::stats::Summary;
 
 /// Arguments of `zeronce bench report-path`.
 #[derive(Args, Debug)]
 pub struct ReportPathArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// MiB written, freed and reported per run (default 1024; --quick 128).

@@ -16,8 +16,8 @@ use std::process::Command;
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use super::stats::Summary;
-use super::{at_least_one, BenchResult};
+use crate::common::{at_least_one, BenchResult};
+use crate::stats::Summary;
 
 /// Options of `zeronce bench peers`.
 #[derive(Args, Clone, Debug)]

@@ -9,10 +9,10 @@
 //! median of all its per-round ratios (every row, every round), which a single noisy row
 //! does not move. Throughput is iterations per wall-clock second.
 
-use super::progress::Progress;
-use super::stats::Summary;
-use super::target::Target;
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::Summary;
+use crate::target::Target;
 use clap::Args;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,13 +23,14 @@ use zeronce::{BudgetPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetu
 /// Arguments of `zeronce bench churn`.
 #[derive(Args, Debug)]
 pub struct ChurnArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Rounds (each runs every mode once) [default: 7; --quick: 3].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub rounds: Option<usize>,
     /// Seconds per trial [default: 0.25; --quick: 0.2].
-    #[arg(long, value_parser = super::seconds, allow_negative_numbers = true)]
+    #[arg(long, value_parser = crate::common::seconds, allow_negative_numbers = true)]
     pub trial_s: Option<f64>,
 }
 

@@ -15,8 +15,8 @@
 //! Time is the measuring thread's CPU time (the upstream series' task-clock: preemption by the
 //! other jobs on this shared 2-vCPU VM is not counted); wall-clock medians are in the JSON.
 
-use super::stats::{time_it, Summary};
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::stats::{time_it, Summary};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use zeronce_mem::zeroing::NON_TEMPORAL_THRESHOLD;
@@ -25,6 +25,7 @@ use zeronce_mem::{BackingKind, GuestRam, RangeError, ZeroKernel};
 /// Arguments of `zeronce bench zero`.
 #[derive(Args, Debug)]
 pub struct ZeroArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
 }
@@ -104,10 +105,46 @@ struct Rates {
     wall: Summary,
 }
 
+/// What the runs measured: `rates[scenario][kernel]`, kernels as in `kernels`.
+struct Measured {
+    runs: usize,
+    kernels: Vec<ZeroKernel>,
+    rates: Vec<Vec<Rates>>,
+}
+
+/// The figures the benchmark reports, taken from [`Measured`].
+struct Findings {
+    /// Rep stosb where the CPU has it, else memset.
+    baseline: ZeroKernel,
+    best2: ZeroKernel,
+    best2_rate: f64,
+    ratio2: Option<f64>,
+    best256: ZeroKernel,
+    ratio256: Option<f64>,
+    auto2: ZeroKernel,
+    auto256: ZeroKernel,
+    auto2_over_baseline: Option<f64>,
+}
+
+/// Index in [`Scenario::ALL`] of the 2 MiB chunks walk and of the 256 MiB call.
+const WALK: usize = 0;
+const BIG: usize = 2;
+
 /// Runs the benchmark.
 pub fn run(args: &ZeroArgs) -> BenchResult {
     let Common { quick, json } = args.common;
-    let runs = if quick { 7 } else { 21 };
+    let m = measure(if quick { 7 } else { 21 })?;
+    let f = m.findings()?;
+    if json {
+        print_json(quick, &m, &f);
+    } else {
+        print_table(quick, &m, &f);
+    }
+    Ok(())
+}
+
+/// Times every kernel in every scenario, `runs` times, round-robin within each run.
+fn measure(runs: usize) -> Result<Measured, Box<dyn std::error::Error>> {
     let kernels = ZeroKernel::available();
     // Warm: faulted in (THP) once and reused; re-dirtied (untimed) before every timed call.
     let mut ram = GuestRam::new(BUF, BackingKind::Anonymous { thp: true })?;
@@ -146,81 +183,105 @@ pub fn run(args: &ZeroArgs) -> BenchResult {
                 .collect::<Result<Vec<_>, &str>>()
         })
         .collect::<Result<_, _>>()?;
+    Ok(Measured {
+        runs,
+        kernels,
+        rates,
+    })
+}
 
-    let median = |si: usize, k: ZeroKernel| {
-        kernels
+impl Measured {
+    /// The CPU-time median of `k` in scenario `si`, if the CPU has `k`.
+    fn median(&self, si: usize, k: ZeroKernel) -> Option<f64> {
+        self.kernels
             .iter()
             .position(|&x| x == k)
-            .map(|ki| rates[si][ki].cpu.median)
-    };
-    let best = |si: usize| {
-        kernels
+            .map(|ki| self.rates[si][ki].cpu.median)
+    }
+
+    /// The fastest kernel in scenario `si`, and its median.
+    fn best(&self, si: usize) -> Result<(ZeroKernel, f64), &'static str> {
+        self.kernels
             .iter()
-            .zip(&rates[si])
+            .zip(&self.rates[si])
             .max_by(|a, b| a.1.cpu.median.total_cmp(&b.1.cpu.median))
             .map(|(&k, r)| (k, r.cpu.median))
             .ok_or("no kernel available")
-    };
-    // Baseline: rep stosb where the CPU has it, else memset.
-    let baseline = if kernels.contains(&ZeroKernel::RepStosb) {
-        ZeroKernel::RepStosb
-    } else {
-        ZeroKernel::WriteBytes
-    };
-    let (walk_i, big_i) = (0, 2);
-    let (best2, best2_rate) = best(walk_i)?;
-    let (best256, best256_rate) = best(big_i)?;
-    let ratio2 = median(walk_i, baseline).map(|b| best2_rate / b);
-    let ratio256 = median(big_i, ZeroKernel::WriteBytes).map(|b| best256_rate / b);
-    let auto2 = ZeroKernel::auto(CHUNK);
-    let auto256 = ZeroKernel::auto(BUF);
-
-    if json {
-        let mut per_kernel = Map::new();
-        for (ki, k) in kernels.iter().enumerate() {
-            let mut m = Map::new();
-            for (si, sc) in Scenario::ALL.into_iter().enumerate() {
-                m.insert(format!("{}_gbps", sc.key()), rates[si][ki].cpu.to_json());
-                m.insert(
-                    format!("{}_gbps_wall", sc.key()),
-                    rates[si][ki].wall.to_json(),
-                );
-            }
-            per_kernel.insert(k.name().into(), Value::Object(m));
-        }
-        let measured: Map<String, Value> = Scenario::ALL
-            .into_iter()
-            .map(|sc| (sc.key().to_string(), sc.describe().into()))
-            .collect();
-        let out = json!({
-            "bench": "zero",
-            "quick": quick,
-            "runs": runs,
-            "timing": "GB/s from the measuring thread's CPU time (medians); *_wall from wall-clock time",
-            "measured": measured,
-            "kernels": per_kernel,
-            "baseline_2mib": baseline.name(),
-            "best_kernel_2mib": best2.name(),
-            "best_2mib_gbps": best2_rate,
-            "best_over_rep_stosb_2mib": ratio2,
-            "best_kernel_256mib": best256.name(),
-            "best_over_memset_256mib": ratio256,
-            "auto": {
-                "threshold_bytes": NON_TEMPORAL_THRESHOLD,
-                "2mib": auto2.name(),
-                "256mib": auto256.name(),
-                "auto_2mib_over_rep_stosb": median(walk_i, auto2)
-                    .zip(median(walk_i, baseline))
-                    .map(|(a, b)| a / b),
-            },
-        });
-        println!("{out}");
-        return Ok(());
     }
 
+    fn findings(&self) -> Result<Findings, &'static str> {
+        let baseline = if self.kernels.contains(&ZeroKernel::RepStosb) {
+            ZeroKernel::RepStosb
+        } else {
+            ZeroKernel::WriteBytes
+        };
+        let (best2, best2_rate) = self.best(WALK)?;
+        let (best256, best256_rate) = self.best(BIG)?;
+        let auto2 = ZeroKernel::auto(CHUNK);
+        Ok(Findings {
+            baseline,
+            best2,
+            best2_rate,
+            ratio2: self.median(WALK, baseline).map(|b| best2_rate / b),
+            best256,
+            ratio256: self
+                .median(BIG, ZeroKernel::WriteBytes)
+                .map(|b| best256_rate / b),
+            auto2,
+            auto256: ZeroKernel::auto(BUF),
+            auto2_over_baseline: self
+                .median(WALK, auto2)
+                .zip(self.median(WALK, baseline))
+                .map(|(a, b)| a / b),
+        })
+    }
+}
+
+fn print_json(quick: bool, m: &Measured, f: &Findings) {
+    let mut per_kernel = Map::new();
+    for (ki, k) in m.kernels.iter().enumerate() {
+        let mut o = Map::new();
+        for (si, sc) in Scenario::ALL.into_iter().enumerate() {
+            o.insert(format!("{}_gbps", sc.key()), m.rates[si][ki].cpu.to_json());
+            o.insert(
+                format!("{}_gbps_wall", sc.key()),
+                m.rates[si][ki].wall.to_json(),
+            );
+        }
+        per_kernel.insert(k.name().into(), Value::Object(o));
+    }
+    let measured: Map<String, Value> = Scenario::ALL
+        .into_iter()
+        .map(|sc| (sc.key().to_string(), sc.describe().into()))
+        .collect();
+    let out = json!({
+        "bench": "zero",
+        "quick": quick,
+        "runs": m.runs,
+        "timing": "GB/s from the measuring thread's CPU time (medians); *_wall from wall-clock time",
+        "measured": measured,
+        "kernels": per_kernel,
+        "baseline_2mib": f.baseline.name(),
+        "best_kernel_2mib": f.best2.name(),
+        "best_2mib_gbps": f.best2_rate,
+        "best_over_rep_stosb_2mib": f.ratio2,
+        "best_kernel_256mib": f.best256.name(),
+        "best_over_memset_256mib": f.ratio256,
+        "auto": {
+            "threshold_bytes": NON_TEMPORAL_THRESHOLD,
+            "2mib": f.auto2.name(),
+            "256mib": f.auto256.name(),
+            "auto_2mib_over_rep_stosb": f.auto2_over_baseline,
+        },
+    });
+    println!("{out}");
+}
+
+fn print_table(quick: bool, m: &Measured, f: &Findings) {
     println!(
-        "bench zero{}: {runs} runs, kernels round-robin per run; medians of GB/s from thread CPU time",
-        if quick { " (quick: fewer runs)" } else { "" }
+        "bench zero{}: {} runs, kernels round-robin per run; medians of GB/s from thread CPU time",
+        if quick { " (quick: fewer runs)" } else { "" },
+        m.runs
     );
     for sc in Scenario::ALL {
         println!("  {:<12} {}", sc.key(), sc.describe());
@@ -230,9 +291,9 @@ pub fn run(args: &ZeroArgs) -> BenchResult {
         print!(" {:>18}", format!("{} GB/s", sc.key()));
     }
     println!();
-    for (ki, k) in kernels.iter().enumerate() {
+    for (ki, k) in m.kernels.iter().enumerate() {
         print!("{:<12}", k.name());
-        for per_kernel in &rates {
+        for per_kernel in &m.rates {
             let s = per_kernel[ki].cpu;
             print!(" {:>18}", format!("{:.1} ±{:.1}", s.median, s.sd));
         }
@@ -240,18 +301,19 @@ pub fn run(args: &ZeroArgs) -> BenchResult {
     }
     println!(
         "\nbest on 2 MiB chunks: {} = {:.2}× {}",
-        best2,
-        ratio2.unwrap_or(f64::NAN),
-        baseline
+        f.best2,
+        f.ratio2.unwrap_or(f64::NAN),
+        f.baseline
     );
     println!(
         "best on 256 MiB: {} = {:.2}× write_bytes (memset)",
-        best256,
-        ratio256.unwrap_or(f64::NAN)
+        f.best256,
+        f.ratio256.unwrap_or(f64::NAN)
     );
     println!(
-        "auto choice: {auto2} for 2 MiB, {auto256} for 256 MiB (non-temporal from {} KiB)",
+        "auto choice: {} for 2 MiB, {} for 256 MiB (non-temporal from {} KiB)",
+        f.auto2,
+        f.auto256,
         NON_TEMPORAL_THRESHOLD / 1024
     );
-    Ok(())
 }

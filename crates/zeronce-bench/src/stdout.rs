@@ -1,5 +1,5 @@
-//! Everything the program prints on stdout goes through [`write`] (the crate's `println!`
-//! and `print!` are defined in `main.rs` to call it).
+//! Everything the program prints on stdout goes through [`write()`] (this crate's `println!`
+//! and `print!`, which the `zeronce` program uses too, call it).
 //!
 //! Rust ignores SIGPIPE, so a write to a pipe whose reader has gone (`zeronce demo | head
 //! -2`) fails with EPIPE, and std's `println!` panics on that. Here the program ends

@@ -14,10 +14,10 @@
 //! and host-reclaim state is alike. Thread CPU time and wall time of the allocation step,
 //! medians over the runs. Hugetlb 2 MiB pages too when enough are reserved.
 
-use super::progress::Progress;
-use super::stats::{time_it, Sample, Summary};
-use super::target::Target;
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::{time_it, Sample, Summary};
+use crate::target::Target;
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -27,17 +27,18 @@ use zeronce::{CancelToken, HugePagePool, PoolPage, PrezeroError};
 /// Arguments of `zeronce bench prezero`.
 #[derive(Args, Debug)]
 pub struct PrezeroArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Runs per mode (medians; at least 7 for the record) [default: 9; --quick: 5].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub runs: Option<usize>,
     /// 2 MiB pages in the pool, at most 65536 (128 GiB) [default: 512; --quick: 64].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub pages: Option<u64>,
     /// Milliseconds between the last write of the memory and the timed allocation, all
     /// modes [default: 200; --quick: 20].
-    #[arg(long, value_parser = super::millis)]
+    #[arg(long, value_parser = crate::common::millis)]
     pub gap_ms: Option<u64>,
 }
 
@@ -103,16 +104,15 @@ fn alloc_step(
     Ok(())
 }
 
-/// Runs the modes `runs` times, interleaved (order rotates per run); `kernel_fault` only
+/// Runs the modes the plan's `runs` times, interleaved (order rotates per run); `kernel_fault` only
 /// with `fault`.
 fn measure_backing(
     kind: BackingKind,
-    pages: u64,
-    runs: usize,
-    gap: Duration,
+    plan: &Plan,
     fault: bool,
     progress: &Progress,
 ) -> Result<Series, PrezeroError> {
+    let Plan { pages, runs, gap } = *plan;
     let pool = HugePagePool::builder().pages(pages).backing(kind).build()?;
     let mut s = Series::default();
     let modes = if fault { 3 } else { 2 };
@@ -269,13 +269,11 @@ fn print_table(title: &str, s: &Series) {
 /// Runs one backing; the inner `Err` says why its memory was not available.
 fn run_backing(
     kind: BackingKind,
-    pages: u64,
-    runs: usize,
-    gap: Duration,
+    plan: &Plan,
     fault: bool,
     progress: &Progress,
 ) -> Result<Result<Series, String>, PrezeroError> {
-    match measure_backing(kind, pages, runs, gap, fault, progress) {
+    match measure_backing(kind, plan, fault, progress) {
         Ok(s) => Ok(Ok(s)),
         // Hugetlb pages taken by someone else between the check and the mapping.
         Err(PrezeroError::Ram(e)) if matches!(kind, BackingKind::Hugetlb(_)) => {
@@ -303,25 +301,18 @@ struct Measured {
 }
 
 fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error>> {
-    let Plan { pages, runs, gap } = *plan;
+    let Plan { pages, runs, .. } = *plan;
     let progress = Progress::new(c, "bench prezero", runs as u64);
-    let thp = run_backing(
-        BackingKind::Anonymous { thp: true },
-        pages,
-        runs,
-        gap,
-        true,
-        &progress,
-    );
+    let thp = run_backing(BackingKind::Anonymous { thp: true }, plan, true, &progress);
     progress.finish();
     let thp = thp?.map_err(|e| format!("THP pool: {e}"))?;
-    let hugetlb = match super::hugetlb_skip(pages) {
+    let hugetlb = match crate::common::hugetlb_skip(pages) {
         Some(why) => Err(why),
         None => {
             let kind = BackingKind::Hugetlb(HugePageSize::Size2M);
-            let fault = super::hugetlb_skip(2 * pages).is_none();
+            let fault = crate::common::hugetlb_skip(2 * pages).is_none();
             let progress = Progress::new(c, "bench prezero (hugetlb)", runs as u64);
-            let r = run_backing(kind, pages, runs, gap, fault, &progress);
+            let r = run_backing(kind, plan, fault, &progress);
             progress.finish();
             r?
         }

@@ -21,13 +21,15 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::target::Target;
-use super::{alloc_once, churn, prezero, vm_start, BenchResult, Common};
+use crate::common::{BenchResult, Common};
 use crate::plot::{self, RatioRow};
+use crate::target::Target;
+use crate::{alloc_once, churn, prezero, vm_start};
 
 /// Arguments of `zeronce bench upstream`.
 #[derive(Args, Debug)]
 pub struct UpstreamArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Also draw our ratios beside the published ones as an SVG bar chart.
@@ -262,6 +264,19 @@ fn hugetlb_prezeroing(
     c: Common,
     dir: Option<&std::path::Path>,
 ) -> Result<Design, Box<dyn std::error::Error>> {
+    let mut rows = vm_start_rows(c, dir);
+    rows.extend(pool_rows(c)?);
+    Ok(Design {
+        name: "hugetlb pre-zeroing",
+        upstream: "the 2026 \"hugetlb pre-zeroing\" series (Li Zhe; zeroable_hugepages)",
+        published_setup: "Skylake, v6.19-rc2, a VM backed by 64 × 1 GiB hugetlb pages faulted in: \
+                          ~16 s (~250 ms per page) without pre-zeroing, negligible with",
+        rows,
+    })
+}
+
+/// The VM-start rows of the hugetlb pre-zeroing table (`bench vm-start`'s figures).
+fn vm_start_rows(c: Common, dir: Option<&std::path::Path>) -> Vec<Row> {
     let vm = vm_start_or_skip(c, dir);
     let vm_field = |k: &str| vm.as_ref().map_err(Clone::clone).and_then(|v| num(&v[k]));
     let vm_ms = |mode: &str| {
@@ -276,6 +291,67 @@ fn hugetlb_prezeroing(
         .and_then(|v| v["size_bytes"].as_f64())
         .unwrap_or(f64::NAN)
         / f64::from(1u32 << 30);
+    vec![
+        Row {
+            figure: "VM start: time to ready, pre-zeroed pool file / kernel fault-in",
+            ours: vm_field("ratio_prezeroed_over_fault_in"),
+            unit: "ratio",
+            detail: format!(
+                "{:.2} ms vs {:.2} ms for {size_gib:.2} GiB",
+                vm_ms("pool_prezeroed"),
+                vm_ms("fault_in_1t")
+            ),
+            published: None,
+            published_text: "16 s → negligible (≈ 0)",
+            comparison: Comparison::SameKind,
+            differences: "hugetlbfs files of 2 MiB pages, not 1 GiB, and far less memory \
+                          than 64 GiB; pre-zeroed by zeronce's pool daemon in \
+                          user space (not the kernel's zeroable_hugepages), map + \
+                          MADV_POPULATE_WRITE instead of a VM's faults",
+            target: Some(vm_start::RATIO_TARGET),
+            hugetlb: true,
+        },
+        Row {
+            figure: "kernel fault-in (zeroing at fault), ms per GiB",
+            ours: vm_field("ratio_prezeroed_over_fault_in")
+                .map(|_| vm_ms("fault_in_1t") / size_gib),
+            unit: "ms/GiB",
+            detail: String::new(),
+            published: Some(250.0),
+            published_text: "~250 ms per 1 GiB page",
+            comparison: Comparison::NotComparable,
+            differences: "absolute time on another CPU (Skylake vs this VM's EPYC), 2 MiB pages \
+                          instead of 1 GiB: only the order of magnitude compares",
+            target: None,
+            hugetlb: true,
+        },
+        Row {
+            figure: "background zeroing rate / streaming-zero bandwidth",
+            ours: vm_field("prezero_rate_over_stream_bandwidth"),
+            unit: "ratio",
+            detail: vm
+                .as_ref()
+                .map(|v| {
+                    format!(
+                        "{:.1} vs {:.1} GB/s",
+                        v["prezero_gb_per_s"].as_f64().unwrap_or(f64::NAN),
+                        v["stream_zero_gb_per_s"].as_f64().unwrap_or(f64::NAN)
+                    )
+                })
+                .unwrap_or_default(),
+            published: None,
+            published_text: "—",
+            comparison: Comparison::OursOnly,
+            differences: "the pool's zeroer page by page against one streaming pass over \
+                          populated hugetlb memory, paired per run",
+            target: Some(vm_start::RATE_TARGET),
+            hugetlb: true,
+        },
+    ]
+}
+
+/// The in-process pool rows of the hugetlb pre-zeroing table (`bench prezero`'s figures).
+fn pool_rows(c: Common) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let plan = prezero::Plan {
         pages: c.pick(None, 64, 256),
         runs: c.pick(None, 3, 5),
@@ -309,84 +385,22 @@ fn hugetlb_prezeroing(
             hugetlb: backing == "hugetlb",
         }
     };
-    Ok(Design {
-        name: "hugetlb pre-zeroing",
-        upstream: "the 2026 \"hugetlb pre-zeroing\" series (Li Zhe; zeroable_hugepages)",
-        published_setup: "Skylake, v6.19-rc2, a VM backed by 64 × 1 GiB hugetlb pages faulted in: \
-                          ~16 s (~250 ms per page) without pre-zeroing, negligible with",
-        rows: vec![
-            Row {
-                figure: "VM start: time to ready, pre-zeroed pool file / kernel fault-in",
-                ours: vm_field("ratio_prezeroed_over_fault_in"),
-                unit: "ratio",
-                detail: format!(
-                    "{:.2} ms vs {:.2} ms for {size_gib:.2} GiB",
-                    vm_ms("pool_prezeroed"),
-                    vm_ms("fault_in_1t")
-                ),
-                published: None,
-                published_text: "16 s → negligible (≈ 0)",
-                comparison: Comparison::SameKind,
-                differences: "hugetlbfs files of 2 MiB pages, not 1 GiB, and far less memory \
-                              than 64 GiB; pre-zeroed by zeronce's pool daemon in \
-                              user space (not the kernel's zeroable_hugepages), map + \
-                              MADV_POPULATE_WRITE instead of a VM's faults",
-                target: Some(vm_start::RATIO_TARGET),
-                hugetlb: true,
-            },
-            Row {
-                figure: "kernel fault-in (zeroing at fault), ms per GiB",
-                ours: vm_field("ratio_prezeroed_over_fault_in")
-                    .map(|_| vm_ms("fault_in_1t") / size_gib),
-                unit: "ms/GiB",
-                detail: String::new(),
-                published: Some(250.0),
-                published_text: "~250 ms per 1 GiB page",
-                comparison: Comparison::NotComparable,
-                differences:
-                    "absolute time on another CPU (Skylake vs this VM's EPYC), 2 MiB pages \
-                              instead of 1 GiB: only the order of magnitude compares",
-                target: None,
-                hugetlb: true,
-            },
-            Row {
-                figure: "background zeroing rate / streaming-zero bandwidth",
-                ours: vm_field("prezero_rate_over_stream_bandwidth"),
-                unit: "ratio",
-                detail: vm
-                    .as_ref()
-                    .map(|v| {
-                        format!(
-                            "{:.1} vs {:.1} GB/s",
-                            v["prezero_gb_per_s"].as_f64().unwrap_or(f64::NAN),
-                            v["stream_zero_gb_per_s"].as_f64().unwrap_or(f64::NAN)
-                        )
-                    })
-                    .unwrap_or_default(),
-                published: None,
-                published_text: "—",
-                comparison: Comparison::OursOnly,
-                differences: "the pool's zeroer page by page against one streaming pass over \
-                              populated hugetlb memory, paired per run",
-                target: Some(vm_start::RATE_TARGET),
-                hugetlb: true,
-            },
-            pz_row(
-                "thp",
-                "in-process pool (THP): pre-zeroed / kernel fault, allocate + touch",
-            ),
-            pz_row(
-                "hugetlb",
-                "in-process pool (hugetlb 2 MiB): pre-zeroed / kernel fault, allocate + touch",
-            ),
-        ],
-    })
+    Ok(vec![
+        pz_row(
+            "thp",
+            "in-process pool (THP): pre-zeroed / kernel fault, allocate + touch",
+        ),
+        pz_row(
+            "hugetlb",
+            "in-process pool (hugetlb 2 MiB): pre-zeroed / kernel fault, allocate + touch",
+        ),
+    ])
 }
 
 /// `vm-start` with this run's sizes, or why it could not run ("skipped: ...").
 fn vm_start_or_skip(c: Common, dir: Option<&std::path::Path>) -> Result<Value, String> {
     let size: u64 = c.pick(None, 64 << 20, 256 << 20);
-    if let Some(why) = super::hugetlb_skip(2 * size / (2 << 20)) {
+    if let Some(why) = crate::common::hugetlb_skip(2 * size / (2 << 20)) {
         return Err(why);
     }
     let dir = vm_start::mount(dir).map_err(|e| format!("skipped: no hugetlbfs mount: {e}"))?;

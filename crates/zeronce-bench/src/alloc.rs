@@ -15,10 +15,10 @@
 //! alternates), so they share the machine's noise; the ratio of a case is the median of
 //! the per-repetition ratios (ours / theirs). Throughput is from wall-clock time.
 
-use super::progress::Progress;
-use super::stats::{time_it, Summary};
-use super::target::{verdict, Target};
-use super::{BenchResult, Common};
+use crate::common::{BenchResult, Common};
+use crate::progress::Progress;
+use crate::stats::{time_it, Summary};
+use crate::target::{verdict, Target};
 use buddy_system_allocator::FrameAllocator;
 use clap::Args;
 use serde_json::{json, Map, Value};
@@ -34,18 +34,19 @@ use zeronce_mm::{
 /// Arguments of `zeronce bench alloc`.
 #[derive(Args, Debug)]
 pub struct AllocArgs {
+    /// `--quick` and `--json`.
     #[command(flatten)]
     pub common: Common,
     /// Repetitions of every case [default: 11; --quick: 7].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub repetitions: Option<usize>,
     /// Alloc+free pairs per thread per case and repetition [default: 1048576; --quick: 131072].
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub pairs: Option<usize>,
     /// Blocks each thread allocates before freeing them, every case [default: 64 for
     /// orders 0 and 3, 8 for order 9]. A batch larger than a slot keeps (see the output)
     /// sends most frees and allocations past the kept blocks.
-    #[arg(long, value_parser = super::at_least_one)]
+    #[arg(long, value_parser = crate::common::at_least_one)]
     pub batch: Option<usize>,
 }
 
@@ -330,10 +331,27 @@ pub fn run(args: &AllocArgs) -> BenchResult {
     let progress = Progress::new(c, "bench alloc", reps as u64);
     let series = measure_all(&all, reps, pairs, &progress)?;
     progress.finish();
-    let summary = |v: &[f64]| Summary::of(v).ok_or("no samples");
+    if c.json {
+        print_json(c.quick, reps, pairs, &all, &series)
+    } else {
+        print_table(&all, &series)
+    }
+}
+
+fn summary(v: &[f64]) -> Result<Summary, &'static str> {
+    Summary::of(v).ok_or("no samples")
+}
+
+fn print_json(
+    quick: bool,
+    reps: usize,
+    pairs: usize,
+    all: &[Case],
+    series: &[Series],
+) -> BenchResult {
     let mut out = Map::new();
     out.insert("bench".into(), json!("alloc"));
-    out.insert("quick".into(), json!(c.quick));
+    out.insert("quick".into(), json!(quick));
     out.insert("repetitions".into(), json!(reps));
     out.insert("pages_managed".into(), json!(PAGES));
     out.insert("pairs_per_thread_per_run".into(), json!(pairs));
@@ -342,10 +360,8 @@ pub fn run(args: &AllocArgs) -> BenchResult {
         json!(format!("alloc a batch of blocks then free them; pairs/s from wall time, all threads together; ratio = median of per-repetition ours/theirs. front_door: ProcessMemory::alloc + PageBlock::free (what a library user gets: {KEPT_NOTE}); cache_only: MemoryManager behind a PcpCache the bench owns; manager: MemoryManager directly; buddy_system_allocator FrameAllocator<11> unlocked for 1 thread, in a std Mutex for 2")),
     );
     let mut cases = Vec::new();
-    let mut table = Vec::new();
-    for (case, s) in all.iter().zip(&series) {
+    for (case, s) in all.iter().zip(series) {
         let ratio = summary(&s.ratio[0])?;
-        let (cache, manager) = (summary(&s.ratio[2])?, summary(&s.ratio[3])?);
         if case.threads == 1 && case.order == 0 {
             out.insert(
                 "ratio_vs_buddy_system_allocator_order0".into(),
@@ -363,13 +379,23 @@ pub fn run(args: &AllocArgs) -> BenchResult {
             "cache_only_pairs_per_s": summary(&s.rate[2])?.to_json(),
             "manager_pairs_per_s": summary(&s.rate[3])?.to_json(),
             "ratio_front_door": ratio.to_json(),
-            "ratio_cache_only": cache.to_json(),
-            "ratio_manager": manager.to_json(),
+            "ratio_cache_only": summary(&s.ratio[2])?.to_json(),
+            "ratio_manager": summary(&s.ratio[3])?.to_json(),
         });
         if let Some(t) = target(*case) {
             row["target"] = t.to_json(ratio.median);
         }
         cases.push(row);
+    }
+    out.insert("cases".into(), Value::Array(cases));
+    println!("{}", Value::Object(out));
+    Ok(())
+}
+
+fn print_table(all: &[Case], series: &[Series]) -> BenchResult {
+    let mut table = Vec::new();
+    for (case, s) in all.iter().zip(series) {
+        let ratio = summary(&s.ratio[0])?;
         table.push(format!(
             "{:>5} {:>7} {:>5} {:>11.2} {:>8.2} {:>6.2} {:>5.2}-{:<5.2} {:<22} {:>10.2} {:>8.2}",
             case.order,
@@ -381,14 +407,9 @@ pub fn run(args: &AllocArgs) -> BenchResult {
             ratio.min,
             ratio.max,
             verdict(target(*case), ratio.median),
-            cache.median,
-            manager.median,
+            summary(&s.ratio[2])?.median,
+            summary(&s.ratio[3])?.median,
         ));
-    }
-    out.insert("cases".into(), Value::Array(cases));
-    if c.json {
-        println!("{}", Value::Object(out));
-        return Ok(());
     }
     println!(
         "{:>5} {:>7} {:>5} {:>11} {:>8} {:>6} {:>11} {:<22} {:>10} {:>8}",

@@ -1,14 +1,21 @@
-//! The error of process and VM mode.
+//! The errors of process and VM mode: [`BuildError`] once, when a memory is built;
+//! [`BlockError`] on an allocation; a free fails with the manager's [`FreeError`].
 
-use zeronce_mem::{ClaimError, RamError};
+use std::time::Duration;
+
+use vm_memory::mmap::FromRangesError;
+use zeronce_balloon_driver::DriverError;
+use zeronce_mem::{BackingKind, ClaimError, RamError};
 use zeronce_mm::reporting::ReportingConfigError;
-use zeronce_mm::{AllocError, ConfigError, FreeError, Order};
+use zeronce_mm::{AllocError, ConfigError, Order};
+
+pub use zeronce_mm::FreeError;
 
 use crate::policy::PolicyError;
 
-/// Why process memory could not be set up or used.
+/// Why a [`crate::ProcessMemory`] or [`crate::VmMemory`] could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum BuildError {
     /// Mapping the RAM failed (size, huge pages, system call).
     #[error(transparent)]
     Ram(#[from] RamError),
@@ -30,19 +37,66 @@ pub enum Error {
         /// Page size of the backing.
         page_size: usize,
     },
-    /// Allocation failed.
+    /// The background zeroer threads could not be started (process mode).
+    #[error("starting the background zeroer: {0}")]
+    Zeroer(#[source] std::io::Error),
+    /// VM mode: the device needs to map the RAM too, so it must be a memfd (or hugetlb
+    /// memfd).
+    #[error("VM mode needs file-backed RAM (memfd or hugetlb), not {0:?}")]
+    NotFileBacked(BackingKind),
+    /// VM mode: the RAM is too small for the ring area and one block.
+    #[error("{size} bytes of RAM cannot hold the {ring} bytes of rings and any memory")]
+    TooSmall {
+        /// RAM size.
+        size: usize,
+        /// Ring area size.
+        ring: u64,
+    },
+    /// VM mode: duplicating the memfd or starting the device thread failed.
+    #[error("device setup: {0}")]
+    Io(#[from] std::io::Error),
+    /// VM mode: mapping the memfd for the device or the driver failed.
+    #[error("mapping guest memory: {0}")]
+    Map(#[from] FromRangesError),
+    /// VM mode: the driver could not initialise the device.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+    /// VM mode: the device would hold each report at least as long as the driver waits
+    /// for it, so the first report would time out and stop the driver for good.
+    #[error(
+        "the device holds reports for {hold:?}, the driver waits {timeout:?}: the hold \
+         must be shorter than the driver's timeout"
+    )]
+    HoldNotBelowTimeout {
+        /// The discard policy's hold.
+        hold: Duration,
+        /// The driver's timeout.
+        timeout: Duration,
+    },
+}
+
+/// Why a block could not be allocated.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    /// The manager had no block (out of memory) or refused the request.
     #[error(transparent)]
     Alloc(#[from] AllocError),
-    /// Free failed.
-    #[error(transparent)]
-    Free(#[from] FreeError),
-    /// A handed-out block's bytes were still claimed (a bug).
+    /// The block's bytes were still claimed (a bug; the block went back).
     #[error(transparent)]
     Claim(#[from] ClaimError),
-    /// Discarding part of a block failed.
+}
+
+/// Any failure of process or VM mode, for a caller that builds, allocates and frees in one
+/// function; every call returns the precise one of these.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Building failed.
     #[error(transparent)]
-    Discard(#[from] zeronce_mem::DiscardError),
-    /// The background zeroer threads could not be started.
-    #[error("starting the background zeroer: {0}")]
-    Thread(#[from] std::io::Error),
+    Build(#[from] BuildError),
+    /// An allocation failed.
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    /// A free failed.
+    #[error(transparent)]
+    Free(#[from] FreeError),
 }

@@ -39,8 +39,9 @@ use zeronce_mm::reporting::ReportingConfig;
 use zeronce_mm::sync::lock;
 use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 
+use crate::block::PageBlock;
 use crate::process::is_internal_thread;
-use crate::{HostPolicy, PageBlock, ProcessMemory, ReportingSetup};
+use crate::process::{HostPolicy, ProcessMemory, ReportingSetup};
 
 /// A global allocator: large allocations from zeronce's process mode, the rest from `A`.
 /// See the module docs.
@@ -256,7 +257,7 @@ impl LargeAlloc for ProcessBackend {
         let pages = (new_size as u64).div_ceil(PAGE_SIZE);
         let order = order_for(pages)?;
         if order > live.block.block().order {
-            if !live.block.grow_in_place(order).ok()? {
+            if !live.block.grow_in_place(order) {
                 return None;
             }
             // The grown part's backing is whatever it was: no longer an untouched tail.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use zeronce::zeronce_mem::{BackingKind, HugePageSize, RamError};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{Error, HostPolicy, Order, ProcessMemory, ReportingSetup};
+use zeronce::{BuildError, HostPolicy, Order, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 32 << 20;
 
@@ -41,7 +41,7 @@ fn build(kind: BackingKind, policy: HostPolicy) -> ProcessMemory {
         .reporting(setup(policy))
         .build();
     match r {
-        Err(Error::Ram(e @ (RamError::NoHugePages { .. } | RamError::HugetlbPool(_)))) => {
+        Err(BuildError::Ram(e @ (RamError::NoHugePages { .. } | RamError::HugetlbPool(_)))) => {
             panic!("{kind:?} needs reserved huge pages (echo 64 > /proc/sys/vm/nr_hugepages): {e}")
         }
         other => other.unwrap(),
@@ -68,7 +68,7 @@ fn dirty_everything(pm: &ProcessMemory, byte: u8) -> usize {
 /// [`dirty_everything`], then a flush that must report and discard it all; the count.
 fn dirty_free_and_flush(pm: &ProcessMemory) -> usize {
     let n = dirty_everything(pm, 0xA5);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(
         r.stats.pages,
@@ -132,7 +132,7 @@ fn lazy_policy_never_claims_zero() {
             .backing(BackingKind::Memfd)
             .reporting(setup(HostPolicy::Lazy))
             .build(),
-        Err(Error::Policy(_))
+        Err(BuildError::Policy(_))
     ));
 }
 
@@ -146,7 +146,7 @@ fn dirty_free_and_flush_lazy(pm: &ProcessMemory) {
         })
         .collect();
     drop(blocks);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert!(r.error.is_none() && r.stats.zeroed_pages == 0 && r.stats.pages > 0);
 }
 
@@ -168,7 +168,7 @@ fn a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator_on(kind: Backin
     let pm = build(kind, HostPolicy::Hold(Duration::from_secs(3600)));
     dirty_everything(&pm, 0xC3);
     // Reported, held (still resident with old contents), so not known zero.
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert_eq!(
         (r.stats.pages, r.stats.zeroed_pages),
         (SIZE as u64 / 4096, 0)
@@ -178,7 +178,7 @@ fn a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator_on(kind: Backin
     assert_eq!(early.allocation().zeroing, Zeroing::Done, "{kind:?}");
     assert!(early.as_slice().iter().all(|&x| x == 0));
     // The hold is not over: a settle pass discards nothing.
-    let s = pm.settle().unwrap();
+    let s = pm.settle();
     assert_eq!(
         (
             s.stats.zeroed_pages,
@@ -206,11 +206,11 @@ fn hugetlb_held_blocks_become_known_zero_once_the_hold_is_over() {
 fn held_blocks_become_known_zero_once_the_hold_is_over_on(kind: BackingKind) {
     let pm = build(kind, HostPolicy::Hold(Duration::ZERO));
     let n = dirty_everything(&pm, 0x3C);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert_eq!(r.stats.zeroed_pages, 0, "held, not zero yet");
     // The hold is over at once: the background worker or this settle discards them
     // (whichever comes first; both count in the device).
-    pm.settle().unwrap();
+    pm.settle();
     let d = pm.stats().device.unwrap();
     assert_eq!((d.zeroed_bytes, d.held_bytes), (SIZE as u64, 0), "{kind:?}");
     let all: Vec<_> = (0..n).map(|_| pm.alloc_zeroed(order9()).unwrap()).collect();
@@ -275,7 +275,7 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
         let used = b.block();
         b.as_mut_slice().fill(0x77);
         drop(b);
-        let r = pm.flush(u64::MAX).unwrap();
+        let r = pm.flush(u64::MAX);
         assert!(r.error.is_none() && r.stats.pages > 0, "{policy:?}: {r:?}");
         let resident = pm.resident_bytes();
         let again = pm.alloc_zeroed(order9()).unwrap();

@@ -74,11 +74,11 @@ proptest! {
                     }
                 }
                 Op::Flush(pages) => {
-                    let r = pm.flush(pages).unwrap();
+                    let r = pm.flush(pages);
                     prop_assert!(r.error.is_none() && r.stats.put_back_errors == 0);
                 }
                 Op::Settle => {
-                    let r = pm.settle().unwrap();
+                    let r = pm.settle();
                     prop_assert!(r.error.is_none() && r.stats.put_back_errors == 0);
                 }
             }

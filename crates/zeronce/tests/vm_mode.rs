@@ -15,7 +15,7 @@ use zeronce::zeronce_balloon_driver::{DriverOptions, InProcessTransport, Transpo
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{DeviceHost, Order, PageBlock, VmBuilder, VmError, VmMemory};
+use zeronce::{BuildError, DeviceHost, Order, PageBlock, VmBuilder, VmMemory};
 
 const MIB: u64 = 1 << 20;
 const SIZE: usize = 64 << 20;
@@ -309,7 +309,7 @@ fn a_hold_not_below_the_driver_timeout_is_refused() {
             })
             .build();
         assert!(
-            matches!(r, Err(VmError::HoldNotBelowTimeout { .. })),
+            matches!(r, Err(BuildError::HoldNotBelowTimeout { .. })),
             "hold {hold:?}"
         );
     }

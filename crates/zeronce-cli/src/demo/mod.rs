@@ -23,7 +23,8 @@ use zeronce::{Order, PageBlock, ProcessMemory, VmMemory};
 
 /// What the demo steps need from process or VM memory.
 trait DemoMemory {
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error>;
+    fn alloc_with(&self, order: Order, req: AllocRequest)
+        -> Result<PageBlock, zeronce::BlockError>;
     fn mm_stats(&self) -> Stats;
     /// Bytes held in memory (resident pages, or the memfd's allocated blocks).
     fn resident(&self) -> u64;
@@ -32,7 +33,11 @@ trait DemoMemory {
 }
 
 impl DemoMemory for ProcessMemory {
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+    fn alloc_with(
+        &self,
+        order: Order,
+        req: AllocRequest,
+    ) -> Result<PageBlock, zeronce::BlockError> {
         ProcessMemory::alloc_with(self, order, req)
     }
     fn mm_stats(&self) -> Stats {
@@ -47,7 +52,11 @@ impl DemoMemory for ProcessMemory {
 }
 
 impl DemoMemory for VmMemory {
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+    fn alloc_with(
+        &self,
+        order: Order,
+        req: AllocRequest,
+    ) -> Result<PageBlock, zeronce::BlockError> {
         VmMemory::alloc_with(self, order, req)
     }
     fn mm_stats(&self) -> Stats {

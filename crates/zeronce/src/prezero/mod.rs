@@ -36,7 +36,7 @@ use zeronce_mem::{BackingKind, ClaimError, GuestRam, HugePageSize, RamError, Sha
 use zeronce_mm::hugepool::{HugePool, HugePoolError, PoolCounters, PoolCounts};
 use zeronce_mm::{Order, PageRange, Pfn, Zeroer, ZoneId, PAGE_SIZE};
 
-use crate::RamZeroer;
+use crate::zeroing::RamZeroer;
 use notify::{EventFd, InstantClock, PoolState};
 
 /// Why a pool could not be built or used.

@@ -8,15 +8,12 @@ use proptest::prelude::*;
 use zeronce::zeronce_mem::BackingKind;
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::{FreeState, Zeroing};
-use zeronce::{
-    CancelToken, HostPolicy, Order, ProcessMemory, ReportingSetup, ZeroerConfig, ZeroingStats,
-};
+use zeronce::{CancelToken, HostPolicy, ProcessMemory, ReportingSetup, ZeroerConfig, ZeroingStats};
+
+mod common;
+use common::{eventually, order, reporting_setup};
 
 const SIZE: usize = 32 << 20;
-
-fn order(o: u8) -> Order {
-    Order::new(o).unwrap()
-}
 
 /// `ZeroThenReport { hold }` with `threads` background zeroers, verify mode on.
 fn build(hold: Duration, threads: usize) -> ProcessMemory {
@@ -24,31 +21,16 @@ fn build(hold: Duration, threads: usize) -> ProcessMemory {
         .size(SIZE)
         .backing(BackingKind::Anonymous { thp: true })
         .verify(true)
-        .reporting(ReportingSetup {
-            config: ReportingConfig {
-                watermark_gate: false,
-                ..ReportingConfig::default()
-            },
-            policy: HostPolicy::ZeroThenReport { hold },
-            zero_hints: true,
-        })
+        .reporting(reporting_setup(
+            HostPolicy::ZeroThenReport { hold },
+            ReportingConfig::default().delay,
+        ))
         .background_zeroer(ZeroerConfig {
             threads,
             ..ZeroerConfig::default()
         })
         .build()
         .unwrap()
-}
-
-/// Polls `cond` (bounded, no assertion on how long it took).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..4000 {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("never happened: {what}");
 }
 
 /// Allocates `n` blocks of order 9, fills them, frees them.

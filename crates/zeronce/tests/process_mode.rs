@@ -3,31 +3,24 @@
 //! reported skipped by the runner; `.ci/run` reserves pages and runs them
 //! (`cargo nextest run --run-ignored all`), where a missing reservation fails them.
 
+mod common;
+use common::{eventually, order, reporting_config, reporting_setup, NEVER};
+
 use std::time::Duration;
 
 use zeronce::zeronce_mem::{BackingKind, HugePageSize, RamError};
-use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
 use zeronce::{BuildError, HostPolicy, Order, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 32 << 20;
 
 fn order9() -> Order {
-    Order::new(9).unwrap()
+    order(9)
 }
 
-/// Reporting with a delay nobody waits for (the tests flush explicitly), and no
-/// watermark gate (32 MiB is under Linux's low watermark + one batch of 64 MiB).
+/// Reporting only when the tests flush.
 fn setup(policy: HostPolicy) -> ReportingSetup {
-    ReportingSetup {
-        config: ReportingConfig {
-            delay: Duration::from_secs(3600),
-            watermark_gate: false,
-            ..ReportingConfig::default()
-        },
-        policy,
-        zero_hints: true,
-    }
+    reporting_setup(policy, NEVER)
 }
 
 /// Process memory of `kind` in verify mode; panics saying what to reserve when `kind` is
@@ -230,11 +223,7 @@ fn the_worker_reports_after_the_delay_without_a_flush() {
         .backing(BackingKind::Anonymous { thp: true })
         .verify(true)
         .reporting(ReportingSetup {
-            config: ReportingConfig {
-                delay: Duration::from_millis(10),
-                watermark_gate: false,
-                ..ReportingConfig::default()
-            },
+            config: reporting_config(Duration::from_millis(10)),
             ..ReportingSetup::default()
         })
         .build()
@@ -242,16 +231,9 @@ fn the_worker_reports_after_the_delay_without_a_flush() {
     let mut b = pm.alloc(order9()).unwrap();
     b.as_mut_slice().fill(1);
     drop(b);
-    // Wait (bounded) for the background pass; no assertion on how long it took.
-    let mut reported = false;
-    for _ in 0..2000 {
-        if pm.stats().mm.reported_pages() == SIZE as u64 / 4096 {
-            reported = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(reported, "the worker never reported the freed block");
+    eventually("the worker reports the freed block", || {
+        pm.stats().mm.reported_pages() == SIZE as u64 / 4096
+    });
     let b = pm.alloc_zeroed(order9()).unwrap();
     assert_eq!(b.allocation().zeroing, Zeroing::Skipped);
 }
@@ -292,12 +274,7 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
 /// the manager once stats have drained the caches.
 #[test]
 fn kept_blocks_are_counted_and_never_serve_zero_requests() {
-    let pm = ProcessMemory::builder()
-        .size(SIZE)
-        .no_reporting()
-        .verify(true)
-        .build()
-        .unwrap();
+    let pm = common::plain(SIZE);
     for order in [Order::ZERO, Order::new(3).unwrap()] {
         for _ in 0..10 {
             let blocks: Vec<_> = (0..8)

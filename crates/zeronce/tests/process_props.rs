@@ -2,10 +2,12 @@
 //! flushes and settles, for each host policy, with verify mode on. Every zeroed block
 //! reads zero, nothing is lost, and the manager's invariants hold after every step.
 
+mod common;
+use common::{reporting_setup, NEVER};
+
 use proptest::prelude::*;
 use std::time::Duration;
 use zeronce::zeronce_mem::BackingKind;
-use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::{HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 16 << 20;
@@ -47,9 +49,7 @@ proptest! {
             .verify(true)
             .fresh_is_zero(fresh)
             .reporting(ReportingSetup {
-                config: ReportingConfig { delay: Duration::from_secs(3600), watermark_gate: false, ..ReportingConfig::default() },
-                policy,
-                zero_hints: true,
+                ..reporting_setup(policy, NEVER)
             })
             .build()
             .unwrap();

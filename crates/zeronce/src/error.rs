@@ -25,7 +25,8 @@ pub enum BuildError {
     /// The reporting engine refused its configuration.
     #[error(transparent)]
     Reporting(#[from] ReportingConfigError),
-    /// The host policy does not work on this backing (e.g. `MADV_FREE` on a memfd).
+    /// Process mode: the host policy does not work on this backing (`MADV_FREE` on a
+    /// memfd).
     #[error(transparent)]
     Policy(#[from] PolicyError),
     /// Reported blocks would be smaller than the backing's pages (hugetlb discards whole

@@ -77,8 +77,8 @@ pub use error::{BlockError, BuildError, Error, FreeError};
 pub use global::{ProcessBackend, ZeronceAlloc};
 pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroError, PrezeroReport};
 pub use process::{
-    DeviceStats, HostPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats, RamZeroer,
-    ReportingSetup, ZeroerConfig, ZeroingStats,
+    DeviceStats, DiscardPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats,
+    RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
 pub use vm::{ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmHealth, VmMemory, VmStats};
 pub use zeronce_mm::reporting::{BudgetPolicy, PassReport, ReportingConfig};

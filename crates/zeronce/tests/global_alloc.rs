@@ -8,16 +8,14 @@ use common::rss_anon;
 use std::alloc::{Layout, System};
 use std::time::Duration;
 
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+use zeronce::{ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<System> = ZeronceAlloc::new(
     System,
     ProcessBackend::new()
         .range_bytes(1 << 30)
-        .policy(HostPolicy::ZeroThenReport {
-            hold: Duration::from_millis(50),
-        }),
+        .zero_then_report(Duration::from_millis(50)),
 );
 
 const MIB: usize = 1 << 20;

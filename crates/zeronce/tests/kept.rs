@@ -12,7 +12,7 @@ use std::time::Duration;
 use zeronce::zeronce_mem::{BackingKind, SharedRam};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{CancelToken, HostPolicy, PageBlock, ProcessMemory, ReportingSetup, ZeroerConfig};
+use zeronce::{CancelToken, DiscardPolicy, PageBlock, ProcessMemory, ReportingSetup, ZeroerConfig};
 
 /// Large enough that 2 MiB blocks are kept too (a slot keeps at most 1/64 of the memory);
 /// never touched beyond what the tests write.
@@ -172,7 +172,7 @@ fn reporting(delay: Duration, reporting_order: u8) -> ProcessMemory {
                 order: order(reporting_order),
                 ..reporting_config(delay)
             },
-            ..reporting_setup(HostPolicy::Immediate, delay)
+            ..reporting_setup(DiscardPolicy::Immediate, delay)
         })
         .build()
         .unwrap()

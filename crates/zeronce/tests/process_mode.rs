@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use zeronce::zeronce_mem::{BackingKind, HugePageSize, RamError};
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{BuildError, HostPolicy, Order, ProcessMemory, ReportingSetup};
+use zeronce::{BuildError, DiscardPolicy, Order, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 32 << 20;
 
@@ -19,13 +19,13 @@ fn order9() -> Order {
 }
 
 /// Reporting only when the tests flush.
-fn setup(policy: HostPolicy) -> ReportingSetup {
+fn setup(policy: DiscardPolicy) -> ReportingSetup {
     reporting_setup(policy, NEVER)
 }
 
 /// Process memory of `kind` in verify mode; panics saying what to reserve when `kind` is
 /// hugetlb and this machine has no free 2 MiB pages.
-fn build(kind: BackingKind, policy: HostPolicy) -> ProcessMemory {
+fn build(kind: BackingKind, policy: DiscardPolicy) -> ProcessMemory {
     let r = ProcessMemory::builder()
         .size(SIZE)
         .backing(kind)
@@ -88,7 +88,7 @@ fn hugetlb_reported_memory_comes_back_zero_without_zeroing_on_every_backing() {
 }
 
 fn reported_memory_comes_back_zero_without_zeroing_on_every_backing_on(kind: BackingKind) {
-    let pm = build(kind, HostPolicy::Immediate);
+    let pm = build(kind, DiscardPolicy::Immediate);
     let n = dirty_free_and_flush(&pm);
     assert_eq!(
         pm.stats().device.unwrap().zeroed_bytes,
@@ -108,7 +108,7 @@ fn reported_memory_comes_back_zero_without_zeroing_on_every_backing_on(kind: Bac
 
 #[test]
 fn lazy_policy_never_claims_zero() {
-    let pm = build(BackingKind::Anonymous { thp: false }, HostPolicy::Lazy);
+    let pm = build(BackingKind::Anonymous { thp: false }, DiscardPolicy::Lazy);
     dirty_free_and_flush_lazy(&pm);
     let mut b = pm.alloc_zeroed(order9()).unwrap();
     assert_eq!(
@@ -123,7 +123,7 @@ fn lazy_policy_never_claims_zero() {
         ProcessMemory::builder()
             .size(SIZE)
             .backing(BackingKind::Memfd)
-            .reporting(setup(HostPolicy::Lazy))
+            .reporting(setup(DiscardPolicy::Lazy))
             .build(),
         Err(BuildError::Policy(_))
     ));
@@ -158,7 +158,7 @@ fn hugetlb_a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator() {
 
 fn a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator_on(kind: BackingKind) {
     // A hold nobody outlives: the background worker cannot settle anything.
-    let pm = build(kind, HostPolicy::Hold(Duration::from_secs(3600)));
+    let pm = build(kind, DiscardPolicy::Hold(Duration::from_secs(3600)));
     dirty_everything(&pm, 0xC3);
     // Reported, held (still resident with old contents), so not known zero.
     let r = pm.flush(u64::MAX);
@@ -197,7 +197,7 @@ fn hugetlb_held_blocks_become_known_zero_once_the_hold_is_over() {
 }
 
 fn held_blocks_become_known_zero_once_the_hold_is_over_on(kind: BackingKind) {
-    let pm = build(kind, HostPolicy::Hold(Duration::ZERO));
+    let pm = build(kind, DiscardPolicy::Hold(Duration::ZERO));
     let n = dirty_everything(&pm, 0x3C);
     let r = pm.flush(u64::MAX);
     assert_eq!(r.stats.zeroed_pages, 0, "held, not zero yet");
@@ -244,8 +244,8 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
     // taking one back costs a memset and no fault, while fresh (never touched) memory,
     // though known zero, faults every page in and grows RSS.
     for policy in [
-        HostPolicy::Hold(Duration::from_secs(3600)),
-        HostPolicy::Lazy,
+        DiscardPolicy::Hold(Duration::from_secs(3600)),
+        DiscardPolicy::Lazy,
     ] {
         let pm = ProcessMemory::builder()
             .size(SIZE)

@@ -8,7 +8,7 @@ use common::{reporting_setup, NEVER};
 use proptest::prelude::*;
 use std::time::Duration;
 use zeronce::zeronce_mem::BackingKind;
-use zeronce::{HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+use zeronce::{DiscardPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 16 << 20;
 
@@ -29,12 +29,12 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn policy() -> impl Strategy<Value = HostPolicy> {
+fn policy() -> impl Strategy<Value = DiscardPolicy> {
     prop_oneof![
-        Just(HostPolicy::Immediate),
-        Just(HostPolicy::Hold(Duration::ZERO)),
-        Just(HostPolicy::Hold(Duration::from_secs(3600))),
-        Just(HostPolicy::Lazy),
+        Just(DiscardPolicy::Immediate),
+        Just(DiscardPolicy::Hold(Duration::ZERO)),
+        Just(DiscardPolicy::Hold(Duration::from_secs(3600))),
+        Just(DiscardPolicy::Lazy),
     ]
 }
 

@@ -19,12 +19,14 @@
 
 mod device;
 
-pub use crate::policy::{HostPolicy, PolicyError};
+pub use crate::policy::PolicyError;
 pub use crate::threads::is_internal_thread;
 pub use crate::zeroing::{RamZeroer, ZeroerConfig, ZeroingStats};
 pub use device::{DeviceStats, ProcessDevice};
+pub use zeronce_balloon::DiscardPolicy;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
@@ -43,19 +45,46 @@ use crate::zeroing::Lifecycle;
 pub struct ReportingSetup {
     /// Engine settings (Linux defaults).
     pub config: ReportingConfig,
-    /// What the "host" does with reported blocks.
-    pub policy: HostPolicy,
-    /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a host without zero hints,
-    /// every reported block comes back "not known zero" (the baseline the "skip redundant zeroing" series measures against).
+    /// What the "host" (the kernel) does with reported blocks. A policy whose op does not
+    /// work on the RAM's backing is refused when the memory is built
+    /// ([`BuildError::Policy`]): `Lazy` needs private anonymous memory.
+    pub policy: DiscardPolicy,
+    /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a
+    /// host without zero hints, every reported block comes back "not known zero" (the
+    /// baseline the "skip redundant zeroing" series measures against).
     pub zero_hints: bool,
+    /// The zero-once lifecycle: a freed block of reporting order is zeroed off the
+    /// allocation path by the background zeroer with streaming stores (known zero and
+    /// resident: a zero-request takes it with no memset and no fault), and reported once
+    /// it has stayed free for the engine's delay. The zeroer's threads, priority and rate
+    /// are the builder's [`ZeroerConfig`] (the default one unless set).
+    pub zero_then_report: bool,
 }
 
 impl Default for ReportingSetup {
+    /// Linux's engine defaults, discarding at once, with zero hints.
     fn default() -> Self {
         ReportingSetup {
             config: ReportingConfig::default(),
-            policy: HostPolicy::Immediate,
+            policy: DiscardPolicy::Immediate,
             zero_hints: true,
+            zero_then_report: false,
+        }
+    }
+}
+
+impl ReportingSetup {
+    /// The zero-once lifecycle (see [`ReportingSetup::zero_then_report`]): a free block
+    /// stays resident and zeroed for about `hold` (the engine's delay), then is discarded
+    /// at once.
+    pub fn zero_then_report(hold: Duration) -> Self {
+        ReportingSetup {
+            config: ReportingConfig {
+                delay: hold,
+                ..ReportingConfig::default()
+            },
+            zero_then_report: true,
+            ..ReportingSetup::default()
         }
     }
 }
@@ -74,8 +103,8 @@ pub struct ProcessMode {
 
 /// Process mode's setters and `build`; the shared ones are [`Builder`]'s.
 impl Builder<ProcessMode> {
-    /// Background zeroer threads (default: none, or [`ZeroerConfig::default`] under
-    /// [`HostPolicy::ZeroThenReport`]); `threads: 0` leaves zeroing to
+    /// Background zeroer threads (default: none, or [`ZeroerConfig::default`] with
+    /// [`ReportingSetup::zero_then_report`]); `threads: 0` leaves zeroing to
     /// [`ProcessMemory::prezero`] on the caller's threads.
     pub fn background_zeroer(mut self, config: ZeroerConfig) -> Self {
         self.mode.zeroer = Some(config);
@@ -112,12 +141,11 @@ impl Builder<ProcessMode> {
     pub fn build(self) -> Result<ProcessMemory, BuildError> {
         let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
         let pages = self.size as u64 / PAGE_SIZE;
-        let mut reporting = self.mode.reporting;
+        let reporting = self.mode.reporting;
         let mut zeroer = self.mode.zeroer;
-        if let Some(setup) = &mut reporting {
+        if let Some(setup) = &reporting {
             managed::check_reporting_order(setup.config.order, ram.backing().page_size())?;
-            if let HostPolicy::ZeroThenReport { hold } = setup.policy {
-                setup.config.delay = hold;
+            if setup.zero_then_report {
                 zeroer.get_or_insert_with(ZeroerConfig::default);
             }
         }
@@ -129,7 +157,7 @@ impl Builder<ProcessMode> {
         ));
         let mut manager = self.manager;
         if let Some(setup) = &reporting {
-            manager.reported_not_zero = setup.policy.reported_not_zero();
+            manager.reported_not_zero = crate::policy::reported_not_zero(setup.policy);
         }
         let mm = manager.build_manager(
             &ram,

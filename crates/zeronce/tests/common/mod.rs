@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use zeronce::zeronce_mem::ProcessRss;
-use zeronce::{HostPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetup};
+use zeronce::{DiscardPolicy, Order, ProcessMemory, ReportingConfig, ReportingSetup};
 
 /// Bytes in a MiB.
 pub const MIB: u64 = 1 << 20;
@@ -29,11 +29,11 @@ pub fn reporting_config(delay: Duration) -> ReportingConfig {
 
 /// Process-mode reporting with `policy` after `delay` (see [`reporting_config`]), with
 /// the host's zero hints.
-pub fn reporting_setup(policy: HostPolicy, delay: Duration) -> ReportingSetup {
+pub fn reporting_setup(policy: DiscardPolicy, delay: Duration) -> ReportingSetup {
     ReportingSetup {
         config: reporting_config(delay),
         policy,
-        zero_hints: true,
+        ..ReportingSetup::default()
     }
 }
 

@@ -342,7 +342,7 @@ impl VmMemory {
     /// When no free block is left but blocks are in flight to the host (isolated for a
     /// report), the allocation waits for those reports to complete (each is bounded by the
     /// driver's timeout), for at most [`IN_FLIGHT_WAIT`] in all, and tries again; then
-    /// it fails with [`AllocError::OutOfMemory`](zeronce_mm::AllocError::OutOfMemory).
+    /// it fails with [`AllocError::OutOfMemory`].
     #[inline]
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, BlockError> {
         let deadline = zeronce_mem::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);

@@ -28,10 +28,10 @@
 //! **The kept lists are static** ([`Slots`], one set shared by every owner; an entry is
 //! taken only by its own owner), because an owner cannot hold a list its entries'
 //! references are moved into while they are borrowed from it. The lists of a slot are
-//! reached only through a [`SlotGuard`], and so are the counters of that slot's kept
-//! blocks: each owner's counters per slot are written only under the slot's guard
-//! (plain loads and stores, no read-modify-write), which the counting methods take as a
-//! parameter.
+//! reached only through a [`SlotGuard`], and the counters of that slot's kept blocks are
+//! written only with it: each owner's counters per slot ([`SlotCounters`]) can be written
+//! only by methods that take the guard, so a plain load and store each (no
+//! read-modify-write). Both live in [`slots`], where nothing else can reach inside them.
 //!
 //! **Bounds.** Kept and cached blocks are neither merged nor reported, so both are
 //! bounded per slot: per small order one cache batch (`pcp_batch_pages`, at most 1/64 of
@@ -54,10 +54,10 @@
 //! thread never drops the last reference (which would join it from itself).
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use try_lock::{Locked, TryLock};
+use try_lock::TryLock;
 use zeronce_mem::SharedRam;
 use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
@@ -65,45 +65,17 @@ use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
     PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
 };
-use zeronce_types::HUGE_PAGE_2M;
 
 use crate::claimed::ClaimedBytes;
-use crate::threads::{slot_index, Padded, PerThread, NUMBERS};
+use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
-/// The huge-page order: 2 MiB blocks.
-pub(crate) const HUGE_ORDER: Order =
-    match Order::new((HUGE_PAGE_2M / PAGE_SIZE as usize).ilog2() as u8) {
-        Ok(o) => o,
-        Err(_) => panic!("2 MiB is a valid order"),
-    };
+mod slots;
+use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, LISTS};
+pub(crate) use slots::{Slots, HUGE_ORDER};
 
 /// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
 pub(crate) const KEPT_HUGE_BYTES: u64 = 16 << 20;
-
-/// Kept lists of one slot, most recent last: one per order up to [`PCP_MAX_ORDER`], then
-/// one of [`HUGE_ORDER`].
-const LISTS: usize = PCP_MAX_ORDER.index() + 2;
-
-/// The kept list of `order`, if blocks of that order are kept.
-#[inline]
-fn list_of(order: Order) -> Option<usize> {
-    if order <= PCP_MAX_ORDER {
-        Some(order.index())
-    } else if order == HUGE_ORDER {
-        Some(LISTS - 1)
-    } else {
-        None
-    }
-}
-
-/// The order of the blocks of kept list `list`.
-fn list_order(list: usize) -> Order {
-    match u8::try_from(list).ok().and_then(|o| Order::new(o).ok()) {
-        Some(o) if list < LISTS - 1 => o,
-        _ => HUGE_ORDER,
-    }
-}
 
 /// What a kept list holds: an allocated, claimed block with its owner reference, moved in
 /// and out as it is (the handle module's block contents).
@@ -118,63 +90,6 @@ pub(crate) trait Keep: Send + Sized + 'static {
     fn reuse(&mut self);
     /// The block and its claimed bytes, on their way back to the manager.
     fn into_claim(self) -> (Block, ClaimedBytes);
-}
-
-/// The kept lists of one slot.
-type Lists<E> = [Vec<E>; LISTS];
-
-/// Every slot's kept lists (a `static` per entry type; see the module docs).
-pub(crate) struct Slots<E>([Padded<TryLock<Lists<E>>>; NUMBERS]);
-
-impl<E> Slots<E> {
-    /// Empty lists.
-    pub(crate) const fn new() -> Self {
-        Slots([const { Padded(TryLock::new([const { Vec::new() }; LISTS])) }; NUMBERS])
-    }
-}
-
-/// One slot's kept lists, taken: the only way to reach them and the kept counters of
-/// that slot.
-pub(crate) struct SlotGuard<E: 'static> {
-    slot: usize,
-    lists: Locked<'static, Lists<E>>,
-}
-
-impl<E: Keep> SlotGuard<E> {
-    /// The calling thread's slot, if no other thread holds it now.
-    #[inline]
-    fn try_mine() -> Option<Self> {
-        let slot = slot_index();
-        let lists = E::slots().0[slot].0.try_lock()?;
-        Some(SlotGuard { slot, lists })
-    }
-
-    /// Slot `slot`, waiting out its holder (who holds it for one list operation).
-    fn wait(slot: usize) -> Self {
-        SlotGuard {
-            slot,
-            lists: lock_slot(&E::slots().0[slot].0),
-        }
-    }
-}
-
-/// Counters of one slot's kept blocks of one owner, written only through a [`SlotGuard`]
-/// of that slot: a plain load and store each.
-#[derive(Default)]
-struct KeptCounters {
-    /// Allocations served from a kept list, and frees into one that have not reached the
-    /// manager: the manager does not count them.
-    allocs: [AtomicU64; LISTS],
-    frees: [AtomicU64; LISTS],
-    /// Bytes in kept lists freed by their owners (the zero map counts them once they
-    /// reach the manager).
-    freed_bytes: AtomicU64,
-}
-
-/// Adds `by` to a counter only one thread writes at a time.
-#[inline]
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.store(counter.load(Relaxed).wrapping_add(by), Relaxed);
 }
 
 /// Where [`ThreadCaches::give_back`] sends a block.
@@ -194,7 +109,7 @@ pub(crate) struct ThreadCaches<E> {
     /// Most blocks kept per slot, per kept list.
     kept_limit: [usize; LISTS],
     /// Counters of the kept blocks, per slot.
-    counters: PerThread<KeptCounters>,
+    counters: SlotCounters,
     /// Set when the owner's last handle is gone: no block is kept for it any more.
     closed: AtomicBool,
     /// Held while kept blocks go back from the reporting thread, and while closing.
@@ -231,7 +146,7 @@ impl<E: Keep> ThreadCaches<E> {
                 o if o == HUGE_ORDER => fit(huge),
                 o => fit(small >> o.get()).max(1),
             }),
-            counters: PerThread::new(KeptCounters::default),
+            counters: SlotCounters::new(),
             closed: AtomicBool::new(false),
             giving_back: Mutex::new(()),
             mm: Arc::clone(mm),
@@ -266,20 +181,12 @@ impl<E: Keep> ThreadCaches<E> {
         }
     }
 
-    /// This owner's kept counters of the guarded slot.
-    #[inline]
-    fn counters(&self, guard: &SlotGuard<E>) -> Option<&KeptCounters> {
-        self.counters.get(guard.slot)
-    }
-
     /// A kept block of `order` for the calling thread, if its slot's most recent one of
     /// that order is this owner's; counted as an allocation.
     #[inline]
     pub(crate) fn take(&self, order: Order) -> Option<E> {
         let (guard, list, entry) = self.pop_mine(order)?;
-        if let Some(c) = self.counters(&guard) {
-            bump(&c.allocs[list], 1);
-        }
+        self.counters.count_take(&guard, list);
         Some(entry)
     }
 
@@ -288,11 +195,11 @@ impl<E: Keep> ThreadCaches<E> {
     #[inline]
     fn pop_mine(&self, order: Order) -> Option<(SlotGuard<E>, usize, E)> {
         let list = list_of(order)?;
-        let mut guard = SlotGuard::<E>::try_mine()?;
-        if !std::ptr::eq(guard.lists[list].last()?.caches(), self) {
+        let mut guard = SlotGuard::try_mine(E::slots())?;
+        if !std::ptr::eq(guard.list(list).last()?.caches(), self) {
             return None;
         }
-        let entry = guard.lists[list].pop()?;
+        let entry = guard.list(list).pop()?;
         Some((guard, list, entry))
     }
 
@@ -305,24 +212,21 @@ impl<E: Keep> ThreadCaches<E> {
         let Some(list) = list_of(order) else {
             return Err(entry);
         };
-        let Some(mut guard) = SlotGuard::try_mine() else {
+        let Some(mut guard) = SlotGuard::try_mine(E::slots()) else {
             return Err(entry);
         };
         let caches = entry.caches();
-        if caches.is_closed() || guard.lists[list].len() >= caches.kept_limit[list] {
+        if caches.is_closed() || guard.list(list).len() >= caches.kept_limit[list] {
             return Err(entry);
         }
-        if let Some(c) = caches.counters(&guard) {
-            bump(&c.frees[list], 1);
-            bump(&c.freed_bytes, order.bytes());
-        }
+        caches.counters.count_keep(&guard, list, order);
         if order > PCP_MAX_ORDER {
             // Schedules a reporting pass (which gives the block back first) as its free
             // to the zone would have; the pass comes after the reporting delay.
             caches.kept_huge_block();
         }
         entry.reuse();
-        guard.lists[list].push(entry);
+        guard.list(list).push(entry);
         Ok(())
     }
 
@@ -330,21 +234,9 @@ impl<E: Keep> ThreadCaches<E> {
     /// manager (a zero-request's search order then sees them).
     pub(crate) fn give_back_mine(&self, order: Order) {
         while let Some((guard, list, entry)) = self.pop_mine(order) {
-            self.uncount(&guard, list, 1);
+            self.counters.count_given_back(&guard, list, 1);
             drop(guard);
             self.give_back_kept(entry);
-        }
-    }
-
-    /// `n` blocks of the guarded slot's list `list` go back to the manager, which counts
-    /// their frees and the zero map their bytes.
-    fn uncount(&self, guard: &SlotGuard<E>, list: usize, n: u64) {
-        if let Some(c) = self.counters(guard) {
-            bump(&c.frees[list], n.wrapping_neg());
-            bump(
-                &c.freed_bytes,
-                (n * list_order(list).bytes()).wrapping_neg(),
-            );
         }
     }
 
@@ -362,11 +254,11 @@ impl<E: Keep> ThreadCaches<E> {
     /// holder) and gives it back to the manager.
     fn give_back_all_kept(&self) {
         let mut out = Vec::new();
-        for slot in 0..self.counters.len() {
-            let mut guard = SlotGuard::<E>::wait(slot);
+        for slot in 0..self.counters.slots() {
+            let mut guard = SlotGuard::wait(E::slots(), slot);
             for list in 0..LISTS {
                 let before = out.len();
-                let entries = &mut guard.lists[list];
+                let entries = guard.list(list);
                 let mut k = 0;
                 while k < entries.len() {
                     if std::ptr::eq(entries[k].caches(), self) {
@@ -375,7 +267,8 @@ impl<E: Keep> ThreadCaches<E> {
                         k += 1;
                     }
                 }
-                self.uncount(&guard, list, (out.len() - before) as u64);
+                let n = (out.len() - before) as u64;
+                self.counters.count_given_back(&guard, list, n);
             }
         }
         for entry in out {
@@ -506,23 +399,14 @@ impl<E: Keep> ThreadCaches<E> {
     pub(crate) fn stats(&self) -> Stats {
         self.drain();
         let mut stats = self.mm.stats();
-        for c in self.counters.iter() {
-            for list in 0..LISTS {
-                let o = list_order(list).index();
-                stats.allocs[o] += c.allocs[list].load(Relaxed);
-                stats.frees[o] += c.frees[list].load(Relaxed);
-            }
-        }
+        self.counters.add_to(&mut stats);
         stats
     }
 
     /// Bytes freed into kept lists that have not reached the manager (not counted by the
     /// zero map yet).
     pub(crate) fn kept_freed_bytes(&self) -> u64 {
-        self.counters
-            .iter()
-            .map(|c| c.freed_bytes.load(Relaxed))
-            .fold(0, u64::wrapping_add)
+        self.counters.freed_bytes()
     }
 }
 
@@ -533,16 +417,6 @@ impl<E> Drop for ThreadCaches<E> {
         for pcp in self.pcp.iter() {
             lock_slot(pcp).drain();
         }
-    }
-}
-
-/// Takes `slot`, waiting out its holder (who holds it for one cache operation).
-fn lock_slot<T>(slot: &TryLock<T>) -> Locked<'_, T> {
-    loop {
-        if let Some(s) = slot.try_lock() {
-            return s;
-        }
-        std::thread::yield_now();
     }
 }
 

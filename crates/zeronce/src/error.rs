@@ -1,5 +1,6 @@
-//! The errors of process and VM mode: [`BuildError`] once, when a memory is built;
-//! [`BlockError`] on an allocation; a free fails with the manager's [`FreeError`].
+//! The errors of process mode, VM mode and the huge-page pool: [`BuildError`] once, when
+//! one is built; [`BlockError`] on an allocation; a free fails with the manager's
+//! [`FreeError`]; a pool's calls with [`crate::PrezeroError`].
 
 use std::time::Duration;
 
@@ -12,8 +13,10 @@ use zeronce_mm::{AllocError, ConfigError, Order};
 pub use zeronce_mm::FreeError;
 
 use crate::policy::PolicyError;
+use crate::prezero::PrezeroError;
 
-/// Why a [`crate::ProcessMemory`] or [`crate::VmMemory`] could not be built.
+/// Why a [`crate::ProcessMemory`], a [`crate::VmMemory`] or a [`crate::HugePagePool`]
+/// could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// Mapping the RAM failed (size, huge pages, system call).
@@ -74,6 +77,18 @@ pub enum BuildError {
         /// The driver's timeout.
         timeout: Duration,
     },
+    /// Pool: the configuration has no pages, or more nodes than pages.
+    #[error("a pool needs at least one page per node ({pages} pages, {nodes} nodes)")]
+    EmptyPool {
+        /// Pages asked for.
+        pages: u64,
+        /// Nodes asked for.
+        nodes: usize,
+    },
+    /// Pool: what a pool's call can fail with failed while building it (the pool state
+    /// refused its pages, populating found them claimed, eventfd or thread creation).
+    #[error(transparent)]
+    Pool(#[from] PrezeroError),
 }
 
 /// Why a block could not be allocated.
@@ -87,8 +102,8 @@ pub enum BlockError {
     Claim(#[from] ClaimError),
 }
 
-/// Any failure of process or VM mode, for a caller that builds, allocates and frees in one
-/// function; every call returns the precise one of these.
+/// Any failure of process mode, VM mode or a huge-page pool, for a caller that builds,
+/// allocates and frees in one function; every call returns the precise one of these.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Building failed.
@@ -100,4 +115,7 @@ pub enum Error {
     /// A free failed.
     #[error(transparent)]
     Free(#[from] FreeError),
+    /// A call of a huge-page pool failed.
+    #[error(transparent)]
+    Pool(#[from] PrezeroError),
 }

@@ -75,7 +75,7 @@ pub use block::PageBlock;
 pub use builder::Builder;
 pub use error::{BlockError, BuildError, Error, FreeError};
 pub use global::{ProcessBackend, ZeronceAlloc};
-pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroError, PrezeroReport};
+pub use prezero::{CancelToken, HugePagePool, OsError, PoolPage, PrezeroError, PrezeroReport};
 pub use process::{
     DeviceStats, DiscardPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,

@@ -35,10 +35,12 @@
 //! allocator.
 //!
 //! Index:
-//! - building: [`Builder`] (the setters both modes share, then each mode's own),
-//!   [`BuildError`]; allocating: [`PageBlock`], [`BlockError`], [`FreeError`]; [`Error`]
-//!   is any of the three;
-//! - [`process`]: [`ProcessMemory`], its host policy and reporting device;
+//! - building: [`Builder`] (the setters both modes share; [`ProcessBuilder`] and
+//!   [`VmBuilder`] add their own), [`BuildError`] (every builder, the pool's too);
+//! - allocating: [`PageBlock`], [`BlockError`], [`FreeError`]; a pool's calls:
+//!   [`PrezeroError`]; [`Error`] is any of them, for callers that mix them;
+//! - [`process`]: [`ProcessMemory`], its host policy ([`DiscardPolicy`], the device's
+//!   type) and reporting device;
 //! - [`vm`]: [`VmMemory`] and where its device runs;
 //! - [`prezero`]: [`HugePagePool`]; [`global`]: [`ZeronceAlloc`];
 //! - the building blocks, re-exported: [`zeronce_mm`] (pure allocator and reporting

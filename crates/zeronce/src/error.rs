@@ -1,19 +1,20 @@
 //! The errors of process mode, VM mode and the huge-page pool: [`BuildError`] once, when
 //! one is built; [`BlockError`] on an allocation; a free fails with the manager's
-//! [`FreeError`]; a pool's calls with [`crate::PrezeroError`].
+//! [`FreeError`]; a pool's calls with [`PrezeroError`].
 
 use std::time::Duration;
 
+use rustix::io::Errno;
 use vm_memory::mmap::FromRangesError;
 use zeronce_balloon_driver::DriverError;
 use zeronce_mem::{BackingKind, ClaimError, RamError};
+use zeronce_mm::hugepool::HugePoolError;
 use zeronce_mm::reporting::ReportingConfigError;
 use zeronce_mm::{AllocError, ConfigError, Order};
 
 pub use zeronce_mm::FreeError;
 
 use crate::policy::PolicyError;
-use crate::prezero::PrezeroError;
 
 /// Why a [`crate::ProcessMemory`], a [`crate::VmMemory`] or a [`crate::HugePagePool`]
 /// could not be built.
@@ -118,4 +119,28 @@ pub enum Error {
     /// A call of a huge-page pool failed.
     #[error(transparent)]
     Pool(#[from] PrezeroError),
+}
+
+/// Why a call of a pool failed (building one fails with [`BuildError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PrezeroError {
+    /// The pool state refused the operation.
+    #[error(transparent)]
+    Pool(#[from] HugePoolError),
+    /// A page's bytes were still claimed (a bug).
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// A system call failed (poll).
+    #[error(transparent)]
+    Os(#[from] OsError),
+}
+
+/// A system call of a pool failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed: {errno}")]
+pub struct OsError {
+    /// The call.
+    pub call: &'static str,
+    /// The error.
+    pub errno: Errno,
 }

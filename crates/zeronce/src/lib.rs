@@ -75,9 +75,9 @@ pub mod vm;
 
 pub use block::PageBlock;
 pub use builder::Builder;
-pub use error::{BlockError, BuildError, Error, FreeError};
+pub use error::{BlockError, BuildError, Error, FreeError, OsError, PrezeroError};
 pub use global::{ProcessBackend, ZeronceAlloc};
-pub use prezero::{CancelToken, HugePagePool, OsError, PoolPage, PrezeroError, PrezeroReport};
+pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroReport};
 pub use process::{
     DeviceStats, DiscardPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,

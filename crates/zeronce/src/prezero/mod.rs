@@ -32,37 +32,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
-use zeronce_mem::{BackingKind, ClaimError, GuestRam, HugePageSize, SharedRam};
+use zeronce_mem::{BackingKind, GuestRam, HugePageSize, SharedRam};
 use zeronce_mm::hugepool::{HugePool, HugePoolError, PoolCounters, PoolCounts};
 use zeronce_mm::{Order, PageRange, Pfn, Zeroer, ZoneId, PAGE_SIZE};
+
+pub use crate::error::{OsError, PrezeroError};
 
 use crate::error::BuildError;
 use crate::zeroing::RamZeroer;
 use notify::{EventFd, InstantClock, PoolState};
-
-/// Why a call of a pool failed (building one fails with [`BuildError`]).
-#[derive(Debug, thiserror::Error)]
-pub enum PrezeroError {
-    /// The pool state refused the operation.
-    #[error(transparent)]
-    Pool(#[from] HugePoolError),
-    /// A page's bytes were still claimed (a bug).
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
-    /// A system call failed (poll).
-    #[error(transparent)]
-    Os(#[from] OsError),
-}
-
-/// A system call of a pool failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{call} failed: {errno}")]
-pub struct OsError {
-    /// The call.
-    pub call: &'static str,
-    /// The error.
-    pub errno: Errno,
-}
 
 /// Builder of a [`HugePagePool`]; see [`HugePagePool::builder`].
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@
 //! |---|---|---|---|
 //! | [`DiscardPolicy::Immediate`] | best op for the backing (DONTNEED / punch hole) | before the descriptor is used | iff the op guarantees zero for the backing and succeeded |
 //! | [`DiscardPolicy::Hold`] | same | at the first [`crate::BalloonDevice::tick`] after the deadline; **the descriptor is held until then** | same, decided at completion |
-//! | [`DiscardPolicy::Lazy`] | `MADV_FREE` (private anonymous); best op elsewhere | before the descriptor is used | never |
+//! | [`DiscardPolicy::Lazy`] | `MADV_FREE` (private anonymous); best op elsewhere (the fallback of [`DiscardPolicy::op_for`]) | before the descriptor is used | never |
 //!
 //! Why `Hold` holds the descriptor instead of acknowledging at once and discarding later:
 //! once a reporting buffer is used, the guest puts the pages back on its free lists and may
@@ -66,32 +66,46 @@ impl From<GuestDiscardError> for DiscardError {
     }
 }
 
-/// When and how the device discards memory it is given.
+/// When and how a host discards memory it is given: the device's policy, and process
+/// mode's (`zeronce::ProcessMemory`, where the Linux kernel is the host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DiscardPolicy {
-    /// Discard before using the descriptor (default).
+    /// Discard at once (default); the memory reads zero from then on where the op
+    /// guarantees it.
     #[default]
     Immediate,
-    /// Hold the descriptor for the given time, discard from [`crate::BalloonDevice::tick`],
-    /// then use the descriptor with the verdict (as the process-mode host policy
-    /// `HostPolicy::Hold` keeps reported blocks resident before discarding them).
+    /// Keep the memory resident for the given time, then discard it. The device holds the
+    /// descriptor until then (discarding from [`crate::BalloonDevice::tick`]) and uses it
+    /// with the verdict: once used, the guest may reuse the pages. Process mode answers
+    /// "not zero" at once and discards in a settle pass after the hold, so an allocation
+    /// in that window takes the block back without a fault.
     Hold(Duration),
-    /// `MADV_FREE` where the backing allows it; never promises zero.
+    /// `MADV_FREE`: the host takes the memory only under pressure and old contents may
+    /// survive, so it never promises zero.
     Lazy,
 }
 
 impl DiscardPolicy {
-    /// The op this policy uses on `backing`.
-    pub(crate) fn op_for(self, backing: Backing) -> DiscardOp {
+    /// The op this policy uses on `backing`: `Ok` with the policy's own op, or, where that
+    /// does not work on `backing` (only [`DiscardPolicy::Lazy`]: `MADV_FREE` is for
+    /// private anonymous memory), `Err` with the fallback, the backing's best op, still
+    /// without a zero promise ([`DiscardPolicy::promises_zero`]). The one rule for both
+    /// hosts; each says at its call what it does with `Err`: the device takes the fallback
+    /// (it learns each region's backing per request and must serve it), process mode
+    /// refuses the policy (it knows its one backing before it starts).
+    pub fn op_for(self, backing: Backing) -> Result<DiscardOp, DiscardOp> {
         match self {
-            DiscardPolicy::Lazy if DiscardOp::Free.supported_on(backing) => DiscardOp::Free,
-            _ => DiscardOp::best_for(backing),
+            DiscardPolicy::Lazy if DiscardOp::Free.supported_on(backing) => Ok(DiscardOp::Free),
+            DiscardPolicy::Lazy => Err(DiscardOp::best_for(backing)),
+            DiscardPolicy::Immediate | DiscardPolicy::Hold(_) => Ok(DiscardOp::best_for(backing)),
         }
     }
 
-    /// Whether a successful discard of `backing` under this policy reads zero afterwards.
-    pub(crate) fn promises_zero(self, backing: Backing) -> bool {
-        self != DiscardPolicy::Lazy && self.op_for(backing).guarantees_zero(backing)
+    /// Whether a successful discard of `backing` under this policy (its op or the
+    /// fallback) reads zero afterwards.
+    pub fn promises_zero(self, backing: Backing) -> bool {
+        let op = self.op_for(backing).unwrap_or_else(|fallback| fallback);
+        self != DiscardPolicy::Lazy && op.guarantees_zero(backing)
     }
 }
 
@@ -228,7 +242,8 @@ where
         ..PlanResult::default()
     };
     for p in plan {
-        let op = policy.op_for(p.backing);
+        // The device serves every region, so it takes the fallback (see `op_for`).
+        let op = policy.op_for(p.backing).unwrap_or_else(|fallback| fallback);
         match discarder.discard(mem, p.gpa, p.len, op, p.backing) {
             Ok(()) => {
                 r.bytes += p.len;
@@ -268,8 +283,8 @@ mod tests {
     #[test]
     fn lazy_never_promises_and_uses_free_where_possible() {
         let lazy = DiscardPolicy::Lazy;
-        assert_eq!(lazy.op_for(Backing::PrivateAnonymous), DiscardOp::Free);
-        assert_eq!(lazy.op_for(Backing::SharedFile), DiscardOp::PunchHole);
+        assert_eq!(lazy.op_for(Backing::PrivateAnonymous), Ok(DiscardOp::Free));
+        assert_eq!(lazy.op_for(Backing::SharedFile), Err(DiscardOp::PunchHole));
         for b in [Backing::PrivateAnonymous, Backing::SharedFile, HUGE] {
             assert!(!lazy.promises_zero(b));
             assert!(DiscardPolicy::Immediate.promises_zero(b));

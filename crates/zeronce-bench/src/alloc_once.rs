@@ -61,7 +61,7 @@ impl Mode {
     }
 
     /// The process memory of this mode: reporting flushed by hand (no background pass).
-    fn build(self, arena: usize, kind: BackingKind) -> Result<ProcessMemory, zeronce::Error> {
+    fn build(self, arena: usize, kind: BackingKind) -> Result<ProcessMemory, zeronce::BuildError> {
         let setup = |zero_hints| ReportingSetup {
             config: ReportingConfig {
                 delay: Duration::from_secs(3600),
@@ -308,7 +308,7 @@ fn collect(plan: &Plan, c: Common) -> Result<Measured, Box<dyn std::error::Error
         ) {
             Ok(r) => Ok(r),
             // Someone else took the pages between the check and the mapping.
-            Err(zeronce::Error::Ram(e)) => Err(format!("skipped: {e}")),
+            Err(zeronce::Error::Build(zeronce::BuildError::Ram(e))) => Err(format!("skipped: {e}")),
             Err(e) => return Err(e.into()),
         },
     };

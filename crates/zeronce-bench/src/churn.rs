@@ -41,7 +41,10 @@ const MODES: [(&str, Option<BudgetPolicy>); 3] = [
     ("adaptive", Some(BudgetPolicy::Adaptive)),
 ];
 
-fn build(budget: Option<BudgetPolicy>, delay: Duration) -> Result<ProcessMemory, zeronce::Error> {
+fn build(
+    budget: Option<BudgetPolicy>,
+    delay: Duration,
+) -> Result<ProcessMemory, zeronce::BuildError> {
     let b = ProcessMemory::builder().size(1 << 30);
     match budget {
         None => b.no_reporting(),

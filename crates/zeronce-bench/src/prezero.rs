@@ -111,7 +111,7 @@ fn measure_backing(
     plan: &Plan,
     fault: bool,
     progress: &Progress,
-) -> Result<Series, PrezeroError> {
+) -> Result<Series, zeronce::Error> {
     let Plan { pages, runs, gap } = *plan;
     let pool = HugePagePool::builder().pages(pages).backing(kind).build()?;
     let mut s = Series::default();
@@ -272,11 +272,13 @@ fn run_backing(
     plan: &Plan,
     fault: bool,
     progress: &Progress,
-) -> Result<Result<Series, String>, PrezeroError> {
+) -> Result<Result<Series, String>, zeronce::Error> {
     match measure_backing(kind, plan, fault, progress) {
         Ok(s) => Ok(Ok(s)),
         // Hugetlb pages taken by someone else between the check and the mapping.
-        Err(PrezeroError::Ram(e)) if matches!(kind, BackingKind::Hugetlb(_)) => {
+        Err(zeronce::Error::Build(zeronce::BuildError::Ram(e)))
+            if matches!(kind, BackingKind::Hugetlb(_)) =>
+        {
             Ok(Err(format!("skipped: {e}")))
         }
         Err(e) => Err(e),

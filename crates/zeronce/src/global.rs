@@ -19,7 +19,8 @@
 //! zero memory, and zeroes only the pages the size covers; the untouched tail of a block
 //! is never backed (a resident tail is discarded), so a size that is not a power of two
 //! costs its size, not its block. `realloc` grows in place when the upper buddies are
-//! free. Freed blocks follow the host policy ([`HostPolicy::ZeroThenReport`] by default).
+//! free. Freed blocks are zeroed in the background, then reported
+//! ([`ReportingSetup::zero_then_report`], by default) or follow a [`DiscardPolicy`].
 //!
 //! `GlobalAlloc` rules: the `unsafe impl` is `zeronce_mem::global::SplitAlloc`'s (all of
 //! zeronce's `unsafe` code lives in zeronce-mem); it never unwinds, never re-enters this
@@ -35,12 +36,12 @@ use std::time::Duration;
 
 use zeronce_mem::global::{Grant, LargeAlloc, SplitAlloc};
 use zeronce_mem::BackingKind;
-use zeronce_mm::reporting::ReportingConfig;
 use zeronce_mm::sync::lock;
 use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 
+use crate::block::PageBlock;
 use crate::process::is_internal_thread;
-use crate::{HostPolicy, PageBlock, ProcessMemory, ReportingSetup};
+use crate::process::{DiscardPolicy, ProcessMemory, ReportingSetup};
 
 /// A global allocator: large allocations from zeronce's process mode, the rest from `A`.
 /// See the module docs.
@@ -74,7 +75,11 @@ struct Arena {
 pub struct ProcessBackend {
     threshold: usize,
     range_bytes: usize,
-    policy: HostPolicy,
+    /// What the kernel does with reported blocks.
+    policy: DiscardPolicy,
+    /// The zero-once lifecycle's hold (`None`: blocks are reported without being zeroed
+    /// first).
+    zero_then_report: Option<Duration>,
     state: AtomicU8,
     arena: OnceLock<Arena>,
     /// The range's first address and length once created (read without a lock by `owns`).
@@ -88,6 +93,7 @@ impl std::fmt::Debug for ProcessBackend {
             .field("threshold", &self.threshold)
             .field("range_bytes", &self.range_bytes)
             .field("policy", &self.policy)
+            .field("zero_then_report", &self.zero_then_report)
             .field("state", &self.state.load(Relaxed))
             .finish()
     }
@@ -100,14 +106,14 @@ impl Default for ProcessBackend {
 }
 
 impl ProcessBackend {
-    /// Threshold 2 MiB, a 64 GiB range, [`HostPolicy::ZeroThenReport`] with a 2 s hold.
+    /// Threshold 2 MiB, a 64 GiB range, [`ProcessBackend::zero_then_report`] with a 2 s
+    /// hold.
     pub const fn new() -> Self {
         ProcessBackend {
             threshold: 2 << 20,
             range_bytes: DEFAULT_RANGE,
-            policy: HostPolicy::ZeroThenReport {
-                hold: Duration::from_secs(2),
-            },
+            policy: DiscardPolicy::Immediate,
+            zero_then_report: Some(Duration::from_secs(2)),
             state: AtomicU8::new(UNINIT),
             arena: OnceLock::new(),
             base: AtomicUsize::new(0),
@@ -134,9 +140,20 @@ impl ProcessBackend {
         self
     }
 
-    /// What happens to freed blocks (default `ZeroThenReport { hold: 2 s }`).
-    pub const fn policy(mut self, policy: HostPolicy) -> Self {
+    /// Freed blocks are zeroed in the background and reported (discarded at once) after
+    /// staying free for `hold` (the default, with 2 s; see
+    /// [`ReportingSetup::zero_then_report`]).
+    pub const fn zero_then_report(mut self, hold: Duration) -> Self {
+        self.policy = DiscardPolicy::Immediate;
+        self.zero_then_report = Some(hold);
+        self
+    }
+
+    /// Freed blocks are reported after the engine's delay, not zeroed first, and the
+    /// kernel treats them with `policy` (instead of [`ProcessBackend::zero_then_report`]).
+    pub const fn policy(mut self, policy: DiscardPolicy) -> Self {
         self.policy = policy;
+        self.zero_then_report = None;
         self
     }
 
@@ -167,10 +184,12 @@ impl ProcessBackend {
             .size(self.range_bytes)
             .backing(BackingKind::Anonymous { thp: true })
             .max_order(Order::new(MAX_ORDER).ok()?)
-            .reporting(ReportingSetup {
-                config: ReportingConfig::default(),
-                policy: self.policy,
-                zero_hints: true,
+            .reporting(match self.zero_then_report {
+                Some(hold) => ReportingSetup::zero_then_report(hold),
+                None => ReportingSetup {
+                    policy: self.policy,
+                    ..ReportingSetup::default()
+                },
             })
             .build();
         let pm = match built {
@@ -256,7 +275,7 @@ impl LargeAlloc for ProcessBackend {
         let pages = (new_size as u64).div_ceil(PAGE_SIZE);
         let order = order_for(pages)?;
         if order > live.block.block().order {
-            if !live.block.grow_in_place(order).ok()? {
+            if !live.block.grow_in_place(order) {
                 return None;
             }
             // The grown part's backing is whatever it was: no longer an untouched tail.

@@ -31,42 +31,58 @@
 //! [`VmMemory`] ("VM mode") is the same allocator reporting through a virtio-balloon
 //! driver over split virtqueues in guest RAM to the [`zeronce_balloon`] device running in
 //! a thread of this process, sharing the RAM's memfd. [`HugePagePool`] keeps huge pages
-//! pre-zeroed on the caller's threads. The building blocks are re-exported:
-//! [`zeronce_mm`] (pure allocator and reporting engine), [`zeronce_mem`] (real memory),
-//! [`zeronce_balloon`] (the device) and [`zeronce_balloon_driver`] (the guest driver).
+//! pre-zeroed on the caller's threads. [`ZeronceAlloc`] is process mode as a global
+//! allocator.
+//!
+//! Index:
+//! - building: [`Builder`] (the setters both modes share; [`ProcessBuilder`] and
+//!   [`VmBuilder`] add their own), [`BuildError`] (every builder, the pool's too);
+//! - allocating: [`PageBlock`], [`BlockError`], [`FreeError`]; a pool's calls:
+//!   [`PrezeroError`]; [`Error`] is any of them, for callers that mix them;
+//! - [`process`]: [`ProcessMemory`], its host policy ([`DiscardPolicy`], the device's
+//!   type) and reporting device;
+//! - [`vm`]: [`VmMemory`] and where its device runs;
+//! - [`prezero`]: [`HugePagePool`]; [`global`]: [`ZeronceAlloc`];
+//! - the building blocks, re-exported: [`zeronce_mm`] (pure allocator and reporting
+//!   engine), [`zeronce_mem`] (real memory), [`zeronce_balloon`] (the device) and
+//!   [`zeronce_balloon_driver`] (the guest driver).
 //!
 //! How the pieces fit, and the rules that keep "known zero" true:
-//! `docs/ARCHITECTURE.md` in the repository.
+//! `docs/ARCHITECTURE.md` in the repository (§3 "The fast path" for the per-thread layer
+//! in front of the manager).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod caches;
+// Private, bottom up: thread slots (`threads`), a block's words and claimed bytes
+// (`words`, `claimed`), the zero-once lifecycle (`zeroing`), the per-thread layer
+// (`fastpath`), the handles it serves (`block`), the builders' shared part (`builder`),
+// the errors, the host policy, and what both modes build (`managed`).
+mod block;
+mod builder;
 mod claimed;
 mod error;
-pub mod global;
-mod kept;
+mod fastpath;
 mod managed;
 mod policy;
-pub mod process;
 mod threads;
-pub mod vm;
 mod words;
 mod zeroing;
 
+pub mod global;
+pub mod prezero;
+pub mod process;
+pub mod vm;
+
+pub use block::PageBlock;
+pub use builder::Builder;
+pub use error::{BlockError, BuildError, Error, FreeError, OsError, PrezeroError};
 pub use global::{ProcessBackend, ZeronceAlloc};
+pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroReport};
 pub use process::{
-    Builder, DeviceStats, Error, HostPolicy, PageBlock, ProcessDevice, ProcessMemory, ProcessStats,
+    DeviceStats, DiscardPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats,
     RamZeroer, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
-pub use vm::{
-    ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmError, VmHealth, VmMemory, VmStats,
-};
-pub use zeronce_balloon;
-pub use zeronce_balloon_driver;
-pub use zeronce_mem;
-pub use zeronce_mm;
-pub use zeronce_mm::reporting::{BudgetPolicy, ReportingConfig};
+pub use vm::{ConnectDevice, DeviceHost, VmBuilder, VmDriver, VmHealth, VmMemory, VmStats};
+pub use zeronce_mm::reporting::{BudgetPolicy, PassReport, ReportingConfig};
 pub use zeronce_mm::{AllocRequest, Block, Order};
-
-pub mod prezero;
-pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroError, PrezeroReport};
+pub use {zeronce_balloon, zeronce_balloon_driver, zeronce_mem, zeronce_mm};

@@ -20,13 +20,12 @@
 //! Why a type of its own rather than a "host" switch on [`crate::ProcessMemory`]'s
 //! builder: VM mode needs a file-backed RAM, a ring area outside the allocator, feature
 //! offers and driver options that mean nothing to process mode. Both share the manager,
-//! the reporting worker wiring and [`PageBlock`] (`managed`).
+//! the reporting worker wiring, the fast path and [`PageBlock`].
 
 use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vm_memory::mmap::FromRangesError;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::{
     BalloonDevice, BalloonMetrics, BalloonOptions, DiscardPolicy, FeatureOffer, FeatureSet,
@@ -37,11 +36,15 @@ use zeronce_balloon_driver::{
     TransportError, UsedSignal,
 };
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
-use zeronce_mm::reporting::{PassReport, ReporterHealth, ReportingConfig, ReportingStats};
+use zeronce_mm::reporting::{
+    PassReport, Reporter, ReporterHealth, ReportingConfig, ReportingStats,
+};
 use zeronce_mm::{AllocError, AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::error::Error;
-use crate::managed::{self, ManagedMemory, ManagerSettings, Owners, PageBlock};
+use crate::block::{Caches, Owners, PageBlock};
+use crate::builder::Builder;
+use crate::error::{BlockError, BuildError};
+use crate::managed::{self, ManagedMemory};
 
 /// The driver of VM mode: over the guest's mapping of the ring area, to the device
 /// wherever it runs ([`DeviceHost`]).
@@ -60,14 +63,14 @@ pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 /// Runs `alloc`; while it finds no free block and `in_flight` says blocks are being
 /// reported, calls `wait_for_reports` and tries again, until `deadline`.
 fn retry_while_in_flight<T>(
-    mut alloc: impl FnMut() -> Result<T, Error>,
+    mut alloc: impl FnMut() -> Result<T, BlockError>,
     in_flight: impl Fn() -> bool,
     mut wait_for_reports: impl FnMut(),
     deadline: Instant,
-) -> Result<T, Error> {
+) -> Result<T, BlockError> {
     loop {
         match alloc() {
-            Err(Error::Alloc(AllocError::OutOfMemory(_)))
+            Err(BlockError::Alloc(AllocError::OutOfMemory(_)))
                 if in_flight() && Instant::now() < deadline =>
             {
                 wait_for_reports();
@@ -98,101 +101,50 @@ impl std::fmt::Debug for DeviceHost {
     }
 }
 
-/// Why VM memory could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    /// RAM, manager or reporting setup, or an allocation, failed.
-    #[error(transparent)]
-    Memory(#[from] Error),
-    /// The device needs to map the RAM too: it must be a memfd (or hugetlb memfd).
-    #[error("VM mode needs file-backed RAM (memfd or hugetlb), not {0:?}")]
-    NotFileBacked(BackingKind),
-    /// The RAM is too small for the ring area and one block.
-    #[error("{size} bytes of RAM cannot hold the {ring} bytes of rings and any memory")]
-    TooSmall {
-        /// RAM size.
-        size: usize,
-        /// Ring area size.
-        ring: u64,
-    },
-    /// Duplicating the memfd or starting the device thread failed.
-    #[error("device setup: {0}")]
-    Io(#[from] std::io::Error),
-    /// Mapping the memfd for the device or the driver failed.
-    #[error("mapping guest memory: {0}")]
-    Map(#[from] FromRangesError),
-    /// The driver could not initialise the device.
-    #[error(transparent)]
-    Driver(#[from] DriverError),
-    /// The device would hold each report at least as long as the driver waits for it:
-    /// the first report would time out and stop the driver for good.
-    #[error(
-        "the device holds reports for {hold:?}, the driver waits {timeout:?}: the hold \
-         must be shorter than the driver's timeout"
-    )]
-    HoldNotBelowTimeout {
-        /// The discard policy's hold.
-        hold: Duration,
-        /// The driver's timeout.
-        timeout: Duration,
-    },
-}
-
-/// Builder of [`VmMemory`]; see [`VmMemory::builder`].
+/// What only a VM-mode [`Builder`] has.
 #[derive(Clone, Debug)]
-pub struct VmBuilder {
-    size: usize,
-    backing: BackingKind,
+pub struct VmMode {
     reporting: ReportingConfig,
     offer: FeatureOffer,
     policy: DiscardPolicy,
     driver: DriverOptions,
-    manager: ManagerSettings,
     device: DeviceHost,
 }
 
-impl VmBuilder {
-    /// Bytes of guest RAM, ring area included (default 1 GiB).
-    pub fn size(mut self, bytes: usize) -> Self {
-        self.size = bytes;
-        self
-    }
+/// Builder of [`VmMemory`]; see [`VmMemory::builder`].
+pub type VmBuilder = Builder<VmMode>;
 
-    /// What backs the RAM: [`BackingKind::Memfd`] (default) or a hugetlb memfd.
-    pub fn backing(mut self, kind: BackingKind) -> Self {
-        self.backing = kind;
-        self
-    }
-
+/// VM mode's setters and `build`; the shared ones are [`Builder`]'s.
+impl Builder<VmMode> {
     /// Reporting engine settings (Linux defaults).
     pub fn reporting(mut self, config: ReportingConfig) -> Self {
-        self.reporting = config;
+        self.mode.reporting = config;
         self
     }
 
     /// Whether the device offers `DEVICE_INIT_REPORTED` (bit 6; default on). Off: a host
     /// without host-zeroed hints, every reported block comes back not known zero.
     pub fn zero_hints(mut self, on: bool) -> Self {
-        self.offer.device_init_reported = on;
+        self.mode.offer.device_init_reported = on;
         self
     }
 
     /// Whether the device offers the statistics queue (default on; it moves the
     /// reporting queue from index 2 to 3).
     pub fn stats_queue(mut self, on: bool) -> Self {
-        self.offer.stats_vq = on;
+        self.mode.offer.stats_vq = on;
         self
     }
 
     /// Every feature the device offers.
     pub fn device_offer(mut self, offer: FeatureOffer) -> Self {
-        self.offer = offer;
+        self.mode.offer = offer;
         self
     }
 
     /// When and how the device discards (default: at once).
     pub fn discard_policy(mut self, policy: DiscardPolicy) -> Self {
-        self.policy = policy;
+        self.mode.policy = policy;
         self
     }
 
@@ -200,61 +152,44 @@ impl VmBuilder {
     /// device, the feature offer and discard policy set here do not apply: the device
     /// has its own.
     pub fn device(mut self, host: DeviceHost) -> Self {
-        self.device = host;
+        self.mode.device = host;
         self
     }
 
     /// The guest driver's options (queue size, timeout, poison, what it accepts).
     pub fn driver(mut self, opts: DriverOptions) -> Self {
-        self.driver = opts;
-        self
-    }
-
-    /// Largest block order (default 10, 4 MiB).
-    pub fn max_order(mut self, order: Order) -> Self {
-        self.manager.max_order = order;
-        self
-    }
-
-    /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
-    /// Those reads fault discarded pages back into the memfd (shmem and hugetlbfs
-    /// allocate on a read fault), so the memfd does not shrink in verify mode.
-    pub fn verify(mut self, on: bool) -> Self {
-        self.manager.verify = on;
-        self
-    }
-
-    /// Whether never-touched memory counts as known zero and reported (default `true`).
-    pub fn fresh_is_zero(mut self, on: bool) -> Self {
-        self.manager.fresh_is_zero = on;
+        self.mode.driver = opts;
         self
     }
 
     /// Maps the RAM twice, starts the device thread, probes the driver, builds the
     /// manager and starts reporting.
-    pub fn build(self) -> Result<VmMemory, VmError> {
+    pub fn build(self) -> Result<VmMemory, BuildError> {
         // (An external device's hold is its own: `policy` applies to the thread's device.)
-        if let (DeviceHost::Thread, DiscardPolicy::Hold(delay)) = (&self.device, self.policy) {
-            if delay >= self.driver.timeout {
-                return Err(VmError::HoldNotBelowTimeout {
+        if let (DeviceHost::Thread, DiscardPolicy::Hold(delay)) =
+            (&self.mode.device, self.mode.policy)
+        {
+            if delay >= self.mode.driver.timeout {
+                return Err(BuildError::HoldNotBelowTimeout {
                     hold: delay,
-                    timeout: self.driver.timeout,
+                    timeout: self.mode.driver.timeout,
                 });
             }
         }
-        let ram = GuestRam::new(self.size, self.backing).map_err(Error::from)?;
+        let ram = GuestRam::new(self.size, self.backing)?;
         let page_size = ram.backing().page_size();
-        managed::check_reporting_order(self.reporting.order, page_size)?;
-        let dup = || -> Result<File, VmError> {
-            let fd = ram.fd().ok_or(VmError::NotFileBacked(self.backing))?;
+        managed::check_reporting_order(self.mode.reporting.order, page_size)?;
+        let dup = || -> Result<File, BuildError> {
+            let fd = ram.fd().ok_or(BuildError::NotFileBacked(self.backing))?;
             Ok(File::from(fd.try_clone_to_owned()?))
         };
-        let ring_len = VmDriver::ring_area_bytes(self.driver.queue_size).div_ceil(page_size as u64)
+        let ring_len = VmDriver::ring_area_bytes(self.mode.driver.queue_size)
+            .div_ceil(page_size as u64)
             * page_size as u64;
         let ring_gpa = (self.size as u64)
             .checked_sub(ring_len)
             .filter(|g| *g > 0)
-            .ok_or(VmError::TooSmall {
+            .ok_or(BuildError::TooSmall {
                 size: self.size,
                 ring: ring_len,
             })?;
@@ -265,49 +200,52 @@ impl VmBuilder {
         )])?;
 
         let irq = Arc::new(UsedSignal::new());
-        let (transport, metrics): (Box<dyn Transport>, Arc<BalloonMetrics>) = match &self.device {
-            DeviceHost::Thread => {
-                let device_mem = GuestMemoryMmap::from_ranges_with_files([(
-                    GuestAddress(0),
-                    self.size,
-                    Some(FileOffset::new(dup()?, 0)),
-                )])?;
-                let options = BalloonOptions {
-                    offer: self.offer,
-                    policy: self.policy,
-                    ..BalloonOptions::default()
-                };
-                let device = BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
-                let metrics = device.metrics();
-                let transport = InProcessTransport::spawn(device, device_mem)?;
-                (Box::new(transport), metrics)
-            }
-            DeviceHost::External(connect) => {
-                let transport = connect(dup()?, self.size as u64, Arc::clone(&irq))
-                    .map_err(DriverError::from)?;
-                (transport, Arc::default())
-            }
-        };
+        let (transport, metrics): (Box<dyn Transport>, Arc<BalloonMetrics>) =
+            match &self.mode.device {
+                DeviceHost::Thread => {
+                    let device_mem = GuestMemoryMmap::from_ranges_with_files([(
+                        GuestAddress(0),
+                        self.size,
+                        Some(FileOffset::new(dup()?, 0)),
+                    )])?;
+                    let options = BalloonOptions {
+                        offer: self.mode.offer,
+                        policy: self.mode.policy,
+                        ..BalloonOptions::default()
+                    };
+                    let device =
+                        BalloonDevice::new(options, MmapDiscarder::new(), Arc::clone(&irq));
+                    let metrics = device.metrics();
+                    let transport = InProcessTransport::spawn(device, device_mem)?;
+                    (Box::new(transport), metrics)
+                }
+                DeviceHost::External(connect) => {
+                    let transport = connect(dup()?, self.size as u64, Arc::clone(&irq))
+                        .map_err(DriverError::from)?;
+                    (transport, Arc::default())
+                }
+            };
         let mut driver = VmDriver::probe(
             ring_mem,
             GuestAddress(ring_gpa),
             ring_len,
             transport,
             irq,
-            self.driver,
+            self.mode.driver,
         )?;
         driver.post_stats(&[(StatTag::TotalMemory, ring_gpa)])?;
         let negotiated = driver.negotiated();
         let reporting_queue_index = driver.reporting_queue_index();
 
         let ram = SharedRam::new(ram);
-        let mm = self
-            .manager
-            .build_manager(&ram, ring_gpa / PAGE_SIZE, Some(self.reporting.order), None)
-            .map_err(Error::from)?;
-        let caches = Arc::new(crate::caches::ThreadCaches::new(&mm, None));
-        let reporter =
-            managed::start_reporter(&caches, driver, self.reporting).map_err(Error::from)?;
+        let mm = self.manager.build_manager(
+            &ram,
+            ring_gpa / PAGE_SIZE,
+            Some(self.mode.reporting.order),
+            None,
+        )?;
+        let caches = Arc::new(Caches::new(&mm, &ram, None));
+        let reporter = managed::start_reporter(&caches, driver, self.mode.reporting)?;
         tracing::debug!(
             ?negotiated,
             reporting_queue_index,
@@ -322,7 +260,7 @@ impl VmBuilder {
             ram,
         });
         Ok(VmMemory {
-            owners: Owners::new(&(Arc::clone(&inner) as _), &caches),
+            owners: Owners::new(Arc::clone(&inner) as _, &caches),
             inner,
             metrics,
             negotiated,
@@ -377,27 +315,25 @@ impl VmMemory {
     /// A builder: 1 GiB memfd, device offering everything, Linux reporting defaults,
     /// driver queue size 64, max order 10.
     pub fn builder() -> VmBuilder {
-        VmBuilder {
-            size: 1 << 30,
-            backing: BackingKind::Memfd,
+        let mode = VmMode {
             reporting: ReportingConfig::default(),
             // Both sides are ours: the device offers the zero-hint proposal knowingly.
             offer: FeatureOffer::default().with_zero_hints(),
             policy: DiscardPolicy::Immediate,
             driver: DriverOptions::default(),
-            manager: ManagerSettings::default(),
             device: DeviceHost::Thread,
-        }
+        };
+        Builder::with(1 << 30, BackingKind::Memfd, mode)
     }
 
     /// Allocates a block of `order` (`2^order` pages); contents unspecified.
     #[inline]
-    pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
+    pub fn alloc(&self, order: Order) -> Result<PageBlock, BlockError> {
         self.alloc_with(order, AllocRequest::DIRTY)
     }
 
     /// Allocates a block of `order` that reads zero (zeroed only if not known zero).
-    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, Error> {
+    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, BlockError> {
         self.alloc_with(order, AllocRequest::ZEROED)
     }
 
@@ -406,12 +342,12 @@ impl VmMemory {
     /// When no free block is left but blocks are in flight to the host (isolated for a
     /// report), the allocation waits for those reports to complete (each is bounded by the
     /// driver's timeout), for at most [`IN_FLIGHT_WAIT`] in all, and tries again; then
-    /// it fails with [`AllocError::OutOfMemory`](zeronce_mm::AllocError::OutOfMemory).
+    /// it fails with [`AllocError::OutOfMemory`].
     #[inline]
-    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
+    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, BlockError> {
         let deadline = zeronce_types::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
         retry_while_in_flight(
-            || managed::alloc_block(&self.owners, order, req),
+            || self.owners.alloc(order, req, order.pages()),
             || self.inner.mm.stats().isolated_pages > 0,
             // A pass holds the device while its blocks are isolated and puts them back
             // before it lets go: taking the device waits for the pass to end.
@@ -423,11 +359,10 @@ impl VmMemory {
     /// Reports up to `max_pages` free pages now through the virtqueue (ignoring delay
     /// and budget). Blocks in the per-thread caches go back to the allocator first.
     pub fn flush(&self, max_pages: u64) -> PassReport {
-        self.inner.caches.drain();
-        self.reporter().flush(max_pages)
+        self.inner.flush(max_pages)
     }
 
-    fn reporter(&self) -> &zeronce_mm::reporting::Reporter<crate::caches::ThreadCaches, VmDriver> {
+    fn reporter(&self) -> &Reporter<Caches, VmDriver> {
         self.inner
             .reporter
             .as_ref()
@@ -496,8 +431,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn oom() -> Result<u32, Error> {
-        Err(Error::Alloc(AllocError::OutOfMemory(
+    fn oom() -> Result<u32, BlockError> {
+        Err(BlockError::Alloc(AllocError::OutOfMemory(
             Order::new(9).unwrap(),
         )))
     }
@@ -528,10 +463,16 @@ mod tests {
         let waits = Cell::new(0);
         let far = Instant::now() + Duration::from_secs(3600);
         let r = retry_while_in_flight(oom, || false, || waits.set(waits.get() + 1), far);
-        assert!(matches!(r, Err(Error::Alloc(AllocError::OutOfMemory(_)))));
+        assert!(matches!(
+            r,
+            Err(BlockError::Alloc(AllocError::OutOfMemory(_)))
+        ));
         let past = Instant::now();
         let r = retry_while_in_flight(oom, || true, || waits.set(waits.get() + 1), past);
-        assert!(matches!(r, Err(Error::Alloc(AllocError::OutOfMemory(_)))));
+        assert!(matches!(
+            r,
+            Err(BlockError::Alloc(AllocError::OutOfMemory(_)))
+        ));
         assert_eq!(waits.get(), 0);
     }
 }

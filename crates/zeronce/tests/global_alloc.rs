@@ -2,20 +2,20 @@
 //! small ones from `System`, zeroed ones read zero, `realloc` grows in place, threads,
 //! sizes that are not powers of two cost their size in RSS.
 
+mod common;
+use common::rss_anon;
+
 use std::alloc::{Layout, System};
 use std::time::Duration;
 
-use zeronce::zeronce_mem::ProcessRss;
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+use zeronce::{ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<System> = ZeronceAlloc::new(
     System,
     ProcessBackend::new()
         .range_bytes(1 << 30)
-        .policy(HostPolicy::ZeroThenReport {
-            hold: Duration::from_millis(50),
-        }),
+        .zero_then_report(Duration::from_millis(50)),
 );
 
 const MIB: usize = 1 << 20;
@@ -106,13 +106,13 @@ fn threads_allocate_and_free_concurrently() {
 #[test]
 fn a_size_that_is_not_a_power_of_two_costs_its_size_in_rss() {
     // 33 MiB rounds up to a 64 MiB block; only the 33 MiB written may be resident.
-    let before = ProcessRss::read().unwrap().anon;
+    let before = rss_anon();
     let mut v = vec![0u8; 33 * MIB];
     assert!(ours(v.as_ptr()));
     for i in (0..v.len()).step_by(4096) {
         v[i] = 1;
     }
-    let grew = ProcessRss::read().unwrap().anon.saturating_sub(before);
+    let grew = rss_anon().saturating_sub(before);
     assert!(
         grew < 48 * MIB as u64,
         "RSS grew by {} MiB for 33 MiB",

@@ -3,19 +3,15 @@
 //! threads) adds almost nothing to `RssAnon`. Its own test binary, so that the first large
 //! allocation here is the one that creates the arena.
 
+mod common;
+use common::{rss_anon, MIB};
+
 use std::alloc::System;
 
-use zeronce::zeronce_mem::ProcessRss;
 use zeronce::{ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<System> = ZeronceAlloc::new(System, ProcessBackend::new());
-
-const MIB: u64 = 1 << 20;
-
-fn rss_anon() -> u64 {
-    ProcessRss::read().expect("read /proc/self/status").anon
-}
 
 #[test]
 fn an_empty_allocator_over_64_gib_costs_next_to_no_rss() {

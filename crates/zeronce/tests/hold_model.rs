@@ -14,7 +14,7 @@ use zeronce::zeronce_mm::{
     AllocError, AllocRequest, Block, FreeHint, FreeState, MemoryManager, MmConfig, Order,
     PageRange, Pfn,
 };
-use zeronce::{HostPolicy, ProcessDevice, RamZeroer};
+use zeronce::{DiscardPolicy, ProcessDevice, RamZeroer};
 
 const PAGES: u64 = 2048;
 
@@ -35,7 +35,7 @@ fn hold_policy_is_truthful_and_every_hold_ends_in_a_discard() {
         cfg.verify = true;
         cfg.initial_state = FreeState::REPORTED_ZERO;
         let mm = MemoryManager::new(cfg, Arc::new(RamZeroer::new(ram.clone()))).unwrap();
-        let hold = HostPolicy::Hold(Duration::from_secs(10));
+        let hold = DiscardPolicy::Hold(Duration::from_secs(10));
         let mut dev = ProcessDevice::new(ram.clone(), hold, true).unwrap();
         let rc = ReportingConfig {
             order: o(4),

@@ -3,31 +3,23 @@
 //! allocation of its order there; it goes back to the manager before reporting passes and
 //! when the owner's last handle goes, and never crosses owners.
 
+mod common;
+use common::{eventually, order, reporting_config, reporting_setup};
+
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use zeronce::zeronce_mem::{BackingKind, SharedRam};
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{
-    CancelToken, HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup, ZeroerConfig,
-};
+use zeronce::{CancelToken, DiscardPolicy, PageBlock, ProcessMemory, ReportingSetup, ZeroerConfig};
 
 /// Large enough that 2 MiB blocks are kept too (a slot keeps at most 1/64 of the memory);
 /// never touched beyond what the tests write.
 const SIZE: usize = 1 << 30;
 
-fn order(o: u8) -> Order {
-    Order::new(o).unwrap()
-}
-
 fn plain() -> ProcessMemory {
-    ProcessMemory::builder()
-        .size(SIZE)
-        .no_reporting()
-        .verify(true)
-        .build()
-        .unwrap()
+    common::plain(SIZE)
 }
 
 /// Whether the block's bytes lie in `pm`'s RAM.
@@ -177,13 +169,10 @@ fn reporting(delay: Duration, reporting_order: u8) -> ProcessMemory {
         .backing(BackingKind::Anonymous { thp: true })
         .reporting(ReportingSetup {
             config: ReportingConfig {
-                delay,
                 order: order(reporting_order),
-                watermark_gate: false,
-                ..ReportingConfig::default()
+                ..reporting_config(delay)
             },
-            policy: HostPolicy::Immediate,
-            zero_hints: true,
+            ..reporting_setup(DiscardPolicy::Immediate, delay)
         })
         .build()
         .unwrap()
@@ -209,19 +198,11 @@ fn kept_huge_blocks_are_given_back_and_reported_after_the_delay() {
             pm.resident_bytes() >= 4 << 20,
             "the kept blocks are resident"
         );
-        // Bounded wait for the background pass, which gives the kept blocks back first;
-        // the resident size is read without draining any cache.
-        let mut left = true;
-        for _ in 0..2000 {
-            if pm.resident_bytes() < 2 << 20 {
-                left = false;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert!(
-            !left,
-            "order {reporting_order}: the kept blocks were never reported"
+        // The background pass gives the kept blocks back first; the resident size is read
+        // without draining any cache.
+        eventually(
+            &format!("order {reporting_order}: the kept blocks are reported"),
+            || pm.resident_bytes() < 2 << 20,
         );
         let again = pm.alloc_zeroed(order(9)).unwrap();
         assert_eq!(again.allocation().zeroing, Zeroing::Skipped);

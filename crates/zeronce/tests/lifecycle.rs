@@ -9,46 +9,27 @@ use zeronce::zeronce_mem::BackingKind;
 use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::{FreeState, Zeroing};
 use zeronce::{
-    CancelToken, HostPolicy, Order, ProcessMemory, ReportingSetup, ZeroerConfig, ZeroingStats,
+    CancelToken, DiscardPolicy, ProcessMemory, ReportingSetup, ZeroerConfig, ZeroingStats,
 };
+
+mod common;
+use common::{eventually, order, reporting_config, reporting_setup};
 
 const SIZE: usize = 32 << 20;
 
-fn order(o: u8) -> Order {
-    Order::new(o).unwrap()
-}
-
-/// `ZeroThenReport { hold }` with `threads` background zeroers, verify mode on.
+/// The zero-once lifecycle with `hold` and `threads` background zeroers, verify mode on.
 fn build(hold: Duration, threads: usize) -> ProcessMemory {
     ProcessMemory::builder()
         .size(SIZE)
         .backing(BackingKind::Anonymous { thp: true })
         .verify(true)
-        .reporting(ReportingSetup {
-            config: ReportingConfig {
-                watermark_gate: false,
-                ..ReportingConfig::default()
-            },
-            policy: HostPolicy::ZeroThenReport { hold },
-            zero_hints: true,
-        })
+        .reporting(zero_then_report(hold))
         .background_zeroer(ZeroerConfig {
             threads,
             ..ZeroerConfig::default()
         })
         .build()
         .unwrap()
-}
-
-/// Polls `cond` (bounded, no assertion on how long it took).
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..4000 {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    panic!("never happened: {what}");
 }
 
 /// Allocates `n` blocks of order 9, fills them, frees them.
@@ -168,19 +149,24 @@ fn never_twice(z: ZeroingStats) -> bool {
     z.background + z.alloc_path + z.at_free <= z.freed
 }
 
-/// Host policies, and none (no reporting, no background zeroer).
-fn host() -> impl Strategy<Value = Option<HostPolicy>> {
+/// The zero-once lifecycle with `hold`, without the watermark gate.
+fn zero_then_report(hold: Duration) -> ReportingSetup {
+    ReportingSetup {
+        config: reporting_config(hold),
+        ..ReportingSetup::zero_then_report(hold)
+    }
+}
+
+/// Host policies, the zero-once lifecycle, and none (no reporting, no background zeroer).
+fn host() -> impl Strategy<Value = Option<ReportingSetup>> {
+    let policy = |p| Some(reporting_setup(p, ReportingConfig::default().delay));
     prop_oneof![
         Just(None),
-        Just(Some(HostPolicy::Immediate)),
-        Just(Some(HostPolicy::Hold(Duration::from_secs(3600)))),
-        Just(Some(HostPolicy::Lazy)),
-        Just(Some(HostPolicy::ZeroThenReport {
-            hold: Duration::ZERO
-        })),
-        Just(Some(HostPolicy::ZeroThenReport {
-            hold: Duration::from_secs(3600)
-        })),
+        Just(policy(DiscardPolicy::Immediate)),
+        Just(policy(DiscardPolicy::Hold(Duration::from_secs(3600)))),
+        Just(policy(DiscardPolicy::Lazy)),
+        Just(Some(zero_then_report(Duration::ZERO))),
+        Just(Some(zero_then_report(Duration::from_secs(3600)))),
     ]
 }
 
@@ -201,15 +187,8 @@ proptest! {
             .verify(true)
             .init_on_free(init_on_free)
             .init_on_alloc(init_on_alloc);
-        if let Some(policy) = host {
-            builder = builder.reporting(ReportingSetup {
-                config: ReportingConfig {
-                    watermark_gate: false,
-                    ..ReportingConfig::default()
-                },
-                policy,
-                zero_hints: true,
-            });
+        if let Some(setup) = host {
+            builder = builder.reporting(setup);
         }
         let pm = builder.build().unwrap();
         let mut live = Vec::new();

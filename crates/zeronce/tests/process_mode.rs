@@ -3,36 +3,29 @@
 //! reported skipped by the runner; `.ci/run` reserves pages and runs them
 //! (`cargo nextest run --run-ignored all`), where a missing reservation fails them.
 
+mod common;
+use common::{eventually, order, reporting_config, reporting_setup, NEVER};
+
 use std::time::Duration;
 
 use zeronce::zeronce_mem::{BackingKind, HugePageSize, RamError};
-use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{Error, HostPolicy, Order, ProcessMemory, ReportingSetup};
+use zeronce::{BuildError, DiscardPolicy, Order, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 32 << 20;
 
 fn order9() -> Order {
-    Order::new(9).unwrap()
+    order(9)
 }
 
-/// Reporting with a delay nobody waits for (the tests flush explicitly), and no
-/// watermark gate (32 MiB is under Linux's low watermark + one batch of 64 MiB).
-fn setup(policy: HostPolicy) -> ReportingSetup {
-    ReportingSetup {
-        config: ReportingConfig {
-            delay: Duration::from_secs(3600),
-            watermark_gate: false,
-            ..ReportingConfig::default()
-        },
-        policy,
-        zero_hints: true,
-    }
+/// Reporting only when the tests flush.
+fn setup(policy: DiscardPolicy) -> ReportingSetup {
+    reporting_setup(policy, NEVER)
 }
 
 /// Process memory of `kind` in verify mode; panics saying what to reserve when `kind` is
 /// hugetlb and this machine has no free 2 MiB pages.
-fn build(kind: BackingKind, policy: HostPolicy) -> ProcessMemory {
+fn build(kind: BackingKind, policy: DiscardPolicy) -> ProcessMemory {
     let r = ProcessMemory::builder()
         .size(SIZE)
         .backing(kind)
@@ -41,7 +34,7 @@ fn build(kind: BackingKind, policy: HostPolicy) -> ProcessMemory {
         .reporting(setup(policy))
         .build();
     match r {
-        Err(Error::Ram(e @ (RamError::NoHugePages { .. } | RamError::HugetlbPool(_)))) => {
+        Err(BuildError::Ram(e @ (RamError::NoHugePages { .. } | RamError::HugetlbPool(_)))) => {
             panic!("{kind:?} needs reserved huge pages (echo 64 > /proc/sys/vm/nr_hugepages): {e}")
         }
         other => other.unwrap(),
@@ -68,7 +61,7 @@ fn dirty_everything(pm: &ProcessMemory, byte: u8) -> usize {
 /// [`dirty_everything`], then a flush that must report and discard it all; the count.
 fn dirty_free_and_flush(pm: &ProcessMemory) -> usize {
     let n = dirty_everything(pm, 0xA5);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(
         r.stats.pages,
@@ -95,7 +88,7 @@ fn hugetlb_reported_memory_comes_back_zero_without_zeroing_on_every_backing() {
 }
 
 fn reported_memory_comes_back_zero_without_zeroing_on_every_backing_on(kind: BackingKind) {
-    let pm = build(kind, HostPolicy::Immediate);
+    let pm = build(kind, DiscardPolicy::Immediate);
     let n = dirty_free_and_flush(&pm);
     assert_eq!(
         pm.stats().device.unwrap().zeroed_bytes,
@@ -115,7 +108,7 @@ fn reported_memory_comes_back_zero_without_zeroing_on_every_backing_on(kind: Bac
 
 #[test]
 fn lazy_policy_never_claims_zero() {
-    let pm = build(BackingKind::Anonymous { thp: false }, HostPolicy::Lazy);
+    let pm = build(BackingKind::Anonymous { thp: false }, DiscardPolicy::Lazy);
     dirty_free_and_flush_lazy(&pm);
     let mut b = pm.alloc_zeroed(order9()).unwrap();
     assert_eq!(
@@ -130,9 +123,9 @@ fn lazy_policy_never_claims_zero() {
         ProcessMemory::builder()
             .size(SIZE)
             .backing(BackingKind::Memfd)
-            .reporting(setup(HostPolicy::Lazy))
+            .reporting(setup(DiscardPolicy::Lazy))
             .build(),
-        Err(Error::Policy(_))
+        Err(BuildError::Policy(_))
     ));
 }
 
@@ -146,7 +139,7 @@ fn dirty_free_and_flush_lazy(pm: &ProcessMemory) {
         })
         .collect();
     drop(blocks);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert!(r.error.is_none() && r.stats.zeroed_pages == 0 && r.stats.pages > 0);
 }
 
@@ -165,10 +158,10 @@ fn hugetlb_a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator() {
 
 fn a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator_on(kind: BackingKind) {
     // A hold nobody outlives: the background worker cannot settle anything.
-    let pm = build(kind, HostPolicy::Hold(Duration::from_secs(3600)));
+    let pm = build(kind, DiscardPolicy::Hold(Duration::from_secs(3600)));
     dirty_everything(&pm, 0xC3);
     // Reported, held (still resident with old contents), so not known zero.
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert_eq!(
         (r.stats.pages, r.stats.zeroed_pages),
         (SIZE as u64 / 4096, 0)
@@ -178,7 +171,7 @@ fn a_block_taken_back_during_its_hold_is_zeroed_by_the_allocator_on(kind: Backin
     assert_eq!(early.allocation().zeroing, Zeroing::Done, "{kind:?}");
     assert!(early.as_slice().iter().all(|&x| x == 0));
     // The hold is not over: a settle pass discards nothing.
-    let s = pm.settle().unwrap();
+    let s = pm.settle();
     assert_eq!(
         (
             s.stats.zeroed_pages,
@@ -204,13 +197,13 @@ fn hugetlb_held_blocks_become_known_zero_once_the_hold_is_over() {
 }
 
 fn held_blocks_become_known_zero_once_the_hold_is_over_on(kind: BackingKind) {
-    let pm = build(kind, HostPolicy::Hold(Duration::ZERO));
+    let pm = build(kind, DiscardPolicy::Hold(Duration::ZERO));
     let n = dirty_everything(&pm, 0x3C);
-    let r = pm.flush(u64::MAX).unwrap();
+    let r = pm.flush(u64::MAX);
     assert_eq!(r.stats.zeroed_pages, 0, "held, not zero yet");
     // The hold is over at once: the background worker or this settle discards them
     // (whichever comes first; both count in the device).
-    pm.settle().unwrap();
+    pm.settle();
     let d = pm.stats().device.unwrap();
     assert_eq!((d.zeroed_bytes, d.held_bytes), (SIZE as u64, 0), "{kind:?}");
     let all: Vec<_> = (0..n).map(|_| pm.alloc_zeroed(order9()).unwrap()).collect();
@@ -230,11 +223,7 @@ fn the_worker_reports_after_the_delay_without_a_flush() {
         .backing(BackingKind::Anonymous { thp: true })
         .verify(true)
         .reporting(ReportingSetup {
-            config: ReportingConfig {
-                delay: Duration::from_millis(10),
-                watermark_gate: false,
-                ..ReportingConfig::default()
-            },
+            config: reporting_config(Duration::from_millis(10)),
             ..ReportingSetup::default()
         })
         .build()
@@ -242,16 +231,9 @@ fn the_worker_reports_after_the_delay_without_a_flush() {
     let mut b = pm.alloc(order9()).unwrap();
     b.as_mut_slice().fill(1);
     drop(b);
-    // Wait (bounded) for the background pass; no assertion on how long it took.
-    let mut reported = false;
-    for _ in 0..2000 {
-        if pm.stats().mm.reported_pages() == SIZE as u64 / 4096 {
-            reported = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(reported, "the worker never reported the freed block");
+    eventually("the worker reports the freed block", || {
+        pm.stats().mm.reported_pages() == SIZE as u64 / 4096
+    });
     let b = pm.alloc_zeroed(order9()).unwrap();
     assert_eq!(b.allocation().zeroing, Zeroing::Skipped);
 }
@@ -262,8 +244,8 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
     // taking one back costs a memset and no fault, while fresh (never touched) memory,
     // though known zero, faults every page in and grows RSS.
     for policy in [
-        HostPolicy::Hold(Duration::from_secs(3600)),
-        HostPolicy::Lazy,
+        DiscardPolicy::Hold(Duration::from_secs(3600)),
+        DiscardPolicy::Lazy,
     ] {
         let pm = ProcessMemory::builder()
             .size(SIZE)
@@ -275,7 +257,7 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
         let used = b.block();
         b.as_mut_slice().fill(0x77);
         drop(b);
-        let r = pm.flush(u64::MAX).unwrap();
+        let r = pm.flush(u64::MAX);
         assert!(r.error.is_none() && r.stats.pages > 0, "{policy:?}: {r:?}");
         let resident = pm.resident_bytes();
         let again = pm.alloc_zeroed(order9()).unwrap();
@@ -292,12 +274,7 @@ fn a_zero_request_takes_back_a_held_or_lazily_freed_block_before_fresh_memory() 
 /// the manager once stats have drained the caches.
 #[test]
 fn kept_blocks_are_counted_and_never_serve_zero_requests() {
-    let pm = ProcessMemory::builder()
-        .size(SIZE)
-        .no_reporting()
-        .verify(true)
-        .build()
-        .unwrap();
+    let pm = common::plain(SIZE);
     for order in [Order::ZERO, Order::new(3).unwrap()] {
         for _ in 0..10 {
             let blocks: Vec<_> = (0..8)

@@ -2,11 +2,13 @@
 //! flushes and settles, for each host policy, with verify mode on. Every zeroed block
 //! reads zero, nothing is lost, and the manager's invariants hold after every step.
 
+mod common;
+use common::{reporting_setup, NEVER};
+
 use proptest::prelude::*;
 use std::time::Duration;
 use zeronce::zeronce_mem::BackingKind;
-use zeronce::zeronce_mm::reporting::ReportingConfig;
-use zeronce::{HostPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
+use zeronce::{DiscardPolicy, Order, PageBlock, ProcessMemory, ReportingSetup};
 
 const SIZE: usize = 16 << 20;
 
@@ -27,12 +29,12 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn policy() -> impl Strategy<Value = HostPolicy> {
+fn policy() -> impl Strategy<Value = DiscardPolicy> {
     prop_oneof![
-        Just(HostPolicy::Immediate),
-        Just(HostPolicy::Hold(Duration::ZERO)),
-        Just(HostPolicy::Hold(Duration::from_secs(3600))),
-        Just(HostPolicy::Lazy),
+        Just(DiscardPolicy::Immediate),
+        Just(DiscardPolicy::Hold(Duration::ZERO)),
+        Just(DiscardPolicy::Hold(Duration::from_secs(3600))),
+        Just(DiscardPolicy::Lazy),
     ]
 }
 
@@ -47,9 +49,7 @@ proptest! {
             .verify(true)
             .fresh_is_zero(fresh)
             .reporting(ReportingSetup {
-                config: ReportingConfig { delay: Duration::from_secs(3600), watermark_gate: false, ..ReportingConfig::default() },
-                policy,
-                zero_hints: true,
+                ..reporting_setup(policy, NEVER)
             })
             .build()
             .unwrap();
@@ -74,11 +74,11 @@ proptest! {
                     }
                 }
                 Op::Flush(pages) => {
-                    let r = pm.flush(pages).unwrap();
+                    let r = pm.flush(pages);
                     prop_assert!(r.error.is_none() && r.stats.put_back_errors == 0);
                 }
                 Op::Settle => {
-                    let r = pm.settle().unwrap();
+                    let r = pm.settle();
                     prop_assert!(r.error.is_none() && r.stats.put_back_errors == 0);
                 }
             }

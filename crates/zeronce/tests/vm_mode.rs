@@ -2,6 +2,9 @@
 //! driver over split virtqueues in the guest RAM's memfd; the device thread punches holes
 //! and answers with `used_len`.
 
+mod common;
+use common::{order, reporting_config, MIB, NEVER};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,27 +16,23 @@ use zeronce::zeronce_balloon::{
 };
 use zeronce::zeronce_balloon_driver::{DriverOptions, InProcessTransport, Transport};
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
-use zeronce::zeronce_mm::reporting::ReportingConfig;
 use zeronce::zeronce_mm::Zeroing;
-use zeronce::{DeviceHost, Order, PageBlock, VmBuilder, VmError, VmMemory};
+use zeronce::{BuildError, DeviceHost, Order, PageBlock, VmBuilder, VmMemory};
 
-const MIB: u64 = 1 << 20;
 const SIZE: usize = 64 << 20;
 /// Blocks of 2 MiB written, freed and allocated again.
 const BLOCKS: usize = 8;
 
 fn order9() -> Order {
-    Order::new(9).unwrap()
+    order(9)
 }
 
 /// Reporting only when flushed (the delay is never reached), no watermark gate (64 MiB
 /// is under Linux's low watermark + one batch).
 fn builder() -> VmBuilder {
-    VmMemory::builder().size(SIZE).reporting(ReportingConfig {
-        delay: Duration::from_secs(3600),
-        watermark_gate: false,
-        ..ReportingConfig::default()
-    })
+    VmMemory::builder()
+        .size(SIZE)
+        .reporting(reporting_config(NEVER))
 }
 
 fn write_working_set(vm: &VmMemory) -> Vec<PageBlock> {
@@ -309,7 +308,7 @@ fn a_hold_not_below_the_driver_timeout_is_refused() {
             })
             .build();
         assert!(
-            matches!(r, Err(VmError::HoldNotBelowTimeout { .. })),
+            matches!(r, Err(BuildError::HoldNotBelowTimeout { .. })),
             "hold {hold:?}"
         );
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use zeronce::zeronce_balloon_driver::DriverOptions;
 use zeronce::zeronce_mem::{BackingKind, HugePageSize};
 use zeronce::zeronce_mm::{MmConfig, PAGE_SIZE};
-use zeronce::{BudgetPolicy, HostPolicy, Order, ReportingConfig, ReportingSetup, VmDriver};
+use zeronce::{BudgetPolicy, DiscardPolicy, Order, ReportingConfig, ReportingSetup, VmDriver};
 
 /// Arguments of `zeronce demo`.
 #[derive(Args, Debug)]
@@ -99,7 +99,7 @@ pub enum DemoBudget {
     Unlimited,
 }
 
-/// Host policy of process mode ([`HostPolicy`]).
+/// Host policy of process mode ([`DiscardPolicy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DemoHost {
     /// Discard at once (MADV_DONTNEED / punch hole): the memory reads zero.
@@ -182,11 +182,12 @@ impl DemoArgs {
         let setup = ReportingSetup {
             config,
             policy: match self.host {
-                DemoHost::Immediate => HostPolicy::Immediate,
-                DemoHost::Hold => HostPolicy::Hold(Duration::from_millis(self.hold_ms)),
-                DemoHost::Lazy => HostPolicy::Lazy,
+                DemoHost::Immediate => DiscardPolicy::Immediate,
+                DemoHost::Hold => DiscardPolicy::Hold(Duration::from_millis(self.hold_ms)),
+                DemoHost::Lazy => DiscardPolicy::Lazy,
             },
             zero_hints: !self.no_zero_hints,
+            ..ReportingSetup::default()
         };
         let backing = match (self.backing, self.mode) {
             // The device maps the guest RAM too: anonymous memory becomes a memfd.

@@ -22,7 +22,8 @@ pub const ORDER: Order = match Order::new(9) {
 /// What the demo steps need from process or VM memory.
 pub trait DemoMemory {
     /// Allocates one block.
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error>;
+    fn alloc_with(&self, order: Order, req: AllocRequest)
+        -> Result<PageBlock, zeronce::BlockError>;
     /// The allocator's counters.
     fn mm_stats(&self) -> Stats;
     /// Bytes held in memory (resident pages, or the memfd's allocated blocks).
@@ -34,7 +35,11 @@ pub trait DemoMemory {
 }
 
 impl DemoMemory for ProcessMemory {
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+    fn alloc_with(
+        &self,
+        order: Order,
+        req: AllocRequest,
+    ) -> Result<PageBlock, zeronce::BlockError> {
         ProcessMemory::alloc_with(self, order, req)
     }
     fn mm_stats(&self) -> Stats {
@@ -50,7 +55,11 @@ impl DemoMemory for ProcessMemory {
 }
 
 impl DemoMemory for VmMemory {
-    fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, zeronce::Error> {
+    fn alloc_with(
+        &self,
+        order: Order,
+        req: AllocRequest,
+    ) -> Result<PageBlock, zeronce::BlockError> {
         VmMemory::alloc_with(self, order, req)
     }
     fn mm_stats(&self) -> Stats {

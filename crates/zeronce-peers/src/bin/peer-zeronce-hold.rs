@@ -1,10 +1,10 @@
 //! The workloads under zeronce, host policy `Hold(std::time::Duration::from_secs(2))`.
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+use zeronce::{DiscardPolicy, ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
     std::alloc::System,
-    ProcessBackend::new().policy(HostPolicy::Hold(std::time::Duration::from_secs(2))),
+    ProcessBackend::new().policy(DiscardPolicy::Hold(std::time::Duration::from_secs(2))),
 );
 
 fn main() {

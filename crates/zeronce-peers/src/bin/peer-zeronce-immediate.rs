@@ -1,10 +1,10 @@
 //! The workloads under zeronce, host policy `Immediate`.
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+use zeronce::{DiscardPolicy, ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
     std::alloc::System,
-    ProcessBackend::new().policy(HostPolicy::Immediate),
+    ProcessBackend::new().policy(DiscardPolicy::Immediate),
 );
 
 fn main() {

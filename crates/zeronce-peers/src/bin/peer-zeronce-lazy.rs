@@ -1,10 +1,10 @@
 //! The workloads under zeronce, host policy `Lazy`.
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+use zeronce::{DiscardPolicy, ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
     std::alloc::System,
-    ProcessBackend::new().policy(HostPolicy::Lazy),
+    ProcessBackend::new().policy(DiscardPolicy::Lazy),
 );
 
 fn main() {

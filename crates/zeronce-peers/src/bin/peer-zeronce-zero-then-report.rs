@@ -1,12 +1,10 @@
-//! The workloads under zeronce, host policy `ZeroThenReport { hold: std::time::Duration::from_secs(2) }`.
-use zeronce::{HostPolicy, ProcessBackend, ZeronceAlloc};
+//! The workloads under zeronce, the zero-once lifecycle (`zero_then_report`, 2 s hold).
+use zeronce::{ProcessBackend, ZeronceAlloc};
 
 #[global_allocator]
 static GLOBAL: ZeronceAlloc<std::alloc::System> = ZeronceAlloc::new(
     std::alloc::System,
-    ProcessBackend::new().policy(HostPolicy::ZeroThenReport {
-        hold: std::time::Duration::from_secs(2),
-    }),
+    ProcessBackend::new().zero_then_report(std::time::Duration::from_secs(2)),
 );
 
 fn main() {

@@ -2,7 +2,7 @@
 //! memory of this process.
 //!
 //! A [`HugePagePool`] maps its pages in one [`GuestRam`] — anonymous THP, a memfd, or a
-//! hugetlb memfd when huge pages are reserved (a clear [`RamError::NoHugePages`]
+//! hugetlb memfd when huge pages are reserved (a clear [`zeronce_mem::RamError::NoHugePages`]
 //! otherwise) — and keeps the pure [`HugePool`] state (which page is free, known zero,
 //! in use, being zeroed) behind a mutex. It owns its pages outright, like the kernel's
 //! hugetlb pool: a standalone pool, not carved from a [`crate::ProcessMemory`] whose
@@ -32,42 +32,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
-use zeronce_mem::{BackingKind, ClaimError, GuestRam, HugePageSize, RamError, SharedRam};
+use zeronce_mem::{BackingKind, GuestRam, HugePageSize, SharedRam};
 use zeronce_mm::hugepool::{HugePool, HugePoolError, PoolCounters, PoolCounts};
 use zeronce_mm::{Order, PageRange, Pfn, Zeroer, ZoneId, PAGE_SIZE};
 
-use crate::RamZeroer;
-use notify::{EventFd, InstantClock, PoolState};
+pub use crate::error::{OsError, PrezeroError};
 
-/// Why a pool could not be built or used.
-#[derive(Debug, thiserror::Error)]
-pub enum PrezeroError {
-    /// Mapping the memory failed (no reserved huge pages, size, system call).
-    #[error(transparent)]
-    Ram(#[from] RamError),
-    /// The pool state refused the operation.
-    #[error(transparent)]
-    Pool(#[from] HugePoolError),
-    /// A page's bytes were still claimed (a bug).
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
-    /// The configuration has no pages, or more nodes than pages.
-    #[error("a pool needs at least one page per node ({pages} pages, {nodes} nodes)")]
-    Empty {
-        /// Pages asked for.
-        pages: u64,
-        /// Nodes asked for.
-        nodes: usize,
-    },
-    /// A system call failed (eventfd, poll, thread creation).
-    #[error("{call} failed: {errno}")]
-    Os {
-        /// The call.
-        call: &'static str,
-        /// The error.
-        errno: Errno,
-    },
-}
+use crate::error::BuildError;
+use crate::zeroing::RamZeroer;
+use notify::{EventFd, InstantClock, PoolState};
 
 /// Builder of a [`HugePagePool`]; see [`HugePagePool::builder`].
 #[derive(Clone, Debug)]
@@ -124,9 +97,9 @@ impl Builder {
     }
 
     /// Maps the memory and starts the trailing-event thread.
-    pub fn build(self) -> Result<HugePagePool, PrezeroError> {
+    pub fn build(self) -> Result<HugePagePool, BuildError> {
         if self.pages == 0 || self.nodes == 0 || self.pages < self.nodes as u64 {
-            return Err(PrezeroError::Empty {
+            return Err(BuildError::EmptyPool {
                 pages: self.pages,
                 nodes: self.nodes,
             });
@@ -137,13 +110,15 @@ impl Builder {
         let ram = GuestRam::new(page_bytes * self.pages as usize, self.backing)?;
         let ram = SharedRam::new(ram);
         if self.populate {
-            let mut all = ram.claim(0, ram.len())?;
+            let mut all = ram.claim(0, ram.len()).map_err(PrezeroError::from)?;
             all.touch(PAGE_SIZE as usize);
         }
         let mut pool = HugePool::new(order);
-        let events = EventFd::new().map_err(|errno| PrezeroError::Os {
-            call: "eventfd",
-            errno,
+        let events = EventFd::new().map_err(|errno| {
+            PrezeroError::from(OsError {
+                call: "eventfd",
+                errno,
+            })
         })?;
         pool.set_event_hook(events.hook(), InstantClock::new(), self.min_event_interval);
         let per_node = self.pages / self.nodes as u64;
@@ -155,7 +130,8 @@ impl Builder {
                 per_node
             };
             let range = PageRange::new(Pfn(start * order.pages()), count * order.pages());
-            pool.add_range(ZoneId(node), range, true)?;
+            pool.add_range(ZoneId(node), range, true)
+                .map_err(PrezeroError::from)?;
             start += count;
         }
         let state = Arc::new(PoolState::new(pool));
@@ -163,9 +139,11 @@ impl Builder {
         let timer = std::thread::Builder::new()
             .name("zeronce-prezero-events".into())
             .spawn(move || timer_state.run_timer())
-            .map_err(|e| PrezeroError::Os {
-                call: "thread spawn",
-                errno: Errno::from_io_error(&e).unwrap_or(Errno::AGAIN),
+            .map_err(|e| {
+                PrezeroError::from(OsError {
+                    call: "thread spawn",
+                    errno: Errno::from_io_error(&e).unwrap_or(Errno::AGAIN),
+                })
             })?;
         tracing::debug!(pages = self.pages, page_bytes, backing = ?self.backing, "huge-page pool built");
         Ok(HugePagePool {
@@ -392,13 +370,12 @@ impl HugePagePool {
     /// Waits until the eventfd is readable or `timeout` passes (`None`: no limit);
     /// whether it is readable.
     pub fn wait_notification(&self, timeout: Option<Duration>) -> Result<bool, PrezeroError> {
-        self.inner
-            .events
-            .wait(timeout)
-            .map_err(|errno| PrezeroError::Os {
+        self.inner.events.wait(timeout).map_err(|errno| {
+            PrezeroError::from(OsError {
                 call: "poll",
                 errno,
             })
+        })
     }
 
     /// Checks the pure pool's invariants (tests).

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use zeronce_mm::hugepool::{HugePage, PoolAllocation, PoolZeroing};
 use zeronce_mm::{FreeHint, Zeroer};
 
-use super::{PoolInner, PrezeroError};
+use super::PoolInner;
 use crate::claimed::ClaimedBytes;
+use crate::error::PrezeroError;
 
 /// A page allocated from a [`super::HugePagePool`].
 #[derive(Debug)]

@@ -1,5 +1,5 @@
 use super::*;
-use zeronce_mem::HugetlbPoolCounters;
+use zeronce_mem::{HugetlbPoolCounters, RamError};
 use zeronce_mm::hugepool::PoolZeroing;
 
 fn pool(pages: u64, interval_ms: u64) -> HugePagePool {
@@ -135,7 +135,7 @@ fn hugetlb_backing_needs_reserved_pages_and_says_so() {
             page.free().unwrap();
             assert_eq!(p.prezero(1, &CancelToken::new()).pages, 1);
         }
-        Err(PrezeroError::Ram(RamError::NoHugePages { .. })) => assert!(available < 2),
+        Err(BuildError::Ram(RamError::NoHugePages { .. })) => assert!(available < 2),
         Err(e) => panic!("unexpected error: {e}"),
     }
 }

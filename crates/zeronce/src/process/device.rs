@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use zeronce_balloon::DiscardPolicy;
 use zeronce_mem::{DiscardOp, SharedRam};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, ZeroGuarantee};
 use zeronce_mm::{PageRange, PAGE_SIZE};
 use zeronce_types::clock::deadline_after;
 
-use crate::policy::{HostPolicy, PolicyError};
+use crate::policy::{self, PolicyError};
 use crate::zeroing::zeromap::ZeroMap;
 
 /// Counters of a [`ProcessDevice`].
@@ -32,7 +33,7 @@ pub struct DeviceStats {
 pub struct ProcessDevice {
     ram: Arc<SharedRam>,
     op: DiscardOp,
-    policy: HostPolicy,
+    policy: DiscardPolicy,
     /// Answer "zero" when the discard guarantees it (`false`: a host without zero hints,
     /// the "skip redundant zeroing" series' baseline).
     zero_hints: bool,
@@ -47,13 +48,11 @@ impl ProcessDevice {
     /// A device for `ram` with `policy`; `zero_hints: false` never answers "zero".
     pub fn new(
         ram: Arc<SharedRam>,
-        policy: HostPolicy,
+        policy: DiscardPolicy,
         zero_hints: bool,
     ) -> Result<Self, PolicyError> {
         let backing = ram.backing();
-        let op = policy
-            .discard_op(backing)
-            .ok_or(PolicyError { policy, backing })?;
+        let op = policy::discard_op(policy, backing)?;
         Ok(ProcessDevice {
             ram,
             op,
@@ -152,10 +151,8 @@ impl ReportingDevice for ProcessDevice {
         let before = self.stats;
         for (block, verdict) in blocks.iter().zip(verdicts.iter_mut()) {
             *verdict = match self.policy {
-                HostPolicy::Immediate | HostPolicy::Lazy | HostPolicy::ZeroThenReport { .. } => {
-                    self.discard(block)?
-                }
-                HostPolicy::Hold(hold) => {
+                DiscardPolicy::Immediate | DiscardPolicy::Lazy => self.discard(block)?,
+                DiscardPolicy::Hold(hold) => {
                     // Nothing discarded yet: reported, not zero, until the hold is over.
                     self.unhold(block);
                     self.held
@@ -238,7 +235,7 @@ mod tests {
     use zeronce_mem::{BackingKind, GuestRam};
     use zeronce_mm::Pfn;
 
-    fn device(policy: HostPolicy) -> ProcessDevice {
+    fn device(policy: DiscardPolicy) -> ProcessDevice {
         let ram =
             SharedRam::new(GuestRam::new(8 << 20, BackingKind::Anonymous { thp: false }).unwrap());
         ProcessDevice::new(ram, policy, true).unwrap()
@@ -250,7 +247,7 @@ mod tests {
 
     #[test]
     fn a_hold_answers_not_zero_until_it_is_over_and_only_whole_held_blocks_settle() {
-        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let mut d = device(DiscardPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
         let mut v = [ZeroGuarantee::Zeroed; 2];
         d.report(t0, &[range(0, 512), range(512, 512)], &mut v)
@@ -287,7 +284,7 @@ mod tests {
         // Two buddies reported in different passes, then merged on the free list: at the
         // first expiry the merged block is still partly in its hold; it must be discarded
         // once the second hold is over (the first, expired record must not be forgotten).
-        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let mut d = device(DiscardPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
         let mut v = [ZeroGuarantee::NotZeroed];
         d.report(t0, &[range(0, 512)], &mut v).unwrap();
@@ -319,7 +316,7 @@ mod tests {
     fn a_hold_too_long_for_the_clock_holds_forever_without_panicking() {
         // `Hold(Duration::MAX)`, "never discard": the end of the hold is past what an
         // `Instant` can hold. A panic here would leave the engine's batch isolated (lost).
-        let mut d = device(HostPolicy::Hold(Duration::MAX));
+        let mut d = device(DiscardPolicy::Hold(Duration::MAX));
         let t0 = Instant::now();
         let mut v = [ZeroGuarantee::Zeroed];
         d.report(t0, &[range(0, 512)], &mut v).unwrap();
@@ -336,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_new_report_replaces_overlapping_holds() {
-        let mut d = device(HostPolicy::Hold(Duration::from_secs(10)));
+        let mut d = device(DiscardPolicy::Hold(Duration::from_secs(10)));
         let t0 = Instant::now();
         let mut v = [ZeroGuarantee::NotZeroed];
         d.report(t0, &[range(0, 1024)], &mut v).unwrap();
@@ -348,14 +345,14 @@ mod tests {
 
     #[test]
     fn immediate_discards_and_lazy_never_claims_zero() {
-        let mut d = device(HostPolicy::Immediate);
+        let mut d = device(DiscardPolicy::Immediate);
         let mut v = [ZeroGuarantee::NotZeroed];
         d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
         assert_eq!(
             (v[0], d.stats().zeroed_bytes),
             (ZeroGuarantee::Zeroed, 2 << 20)
         );
-        let mut d = device(HostPolicy::Lazy);
+        let mut d = device(DiscardPolicy::Lazy);
         d.report(Instant::now(), &[range(0, 512)], &mut v).unwrap();
         assert_eq!(
             (v[0], d.stats().discarded_bytes, d.stats().zeroed_bytes),
@@ -365,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_failed_discard_fails_the_whole_call() {
-        let mut d = device(HostPolicy::Immediate);
+        let mut d = device(DiscardPolicy::Immediate);
         let mut v = [ZeroGuarantee::NotZeroed; 2];
         // The second range is outside the RAM: the claim fails, the call fails.
         assert!(d

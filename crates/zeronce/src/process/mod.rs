@@ -19,135 +19,133 @@
 
 mod device;
 
-pub use crate::error::Error;
-pub use crate::policy::{HostPolicy, PolicyError};
+pub use crate::policy::PolicyError;
 pub use crate::threads::is_internal_thread;
 pub use crate::zeroing::{RamZeroer, ZeroerConfig, ZeroingStats};
 pub use device::{DeviceStats, ProcessDevice};
+pub use zeronce_balloon::DiscardPolicy;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::caches::ThreadCaches;
-pub use crate::managed::PageBlock;
-use crate::managed::{self, Lifecycle, ManagedMemory, ManagerSettings, Owners};
+use crate::block::{Caches, Owners, PageBlock};
+use crate::builder::Builder;
+use crate::error::{BlockError, BuildError};
+use crate::managed::{self, ManagedMemory};
 use crate::zeroing::background::{BackgroundZeroer, Target};
 use crate::zeroing::zeromap::ZeroMap;
+use crate::zeroing::Lifecycle;
 
 /// Free page reporting settings of process mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReportingSetup {
     /// Engine settings (Linux defaults).
     pub config: ReportingConfig,
-    /// What the "host" does with reported blocks.
-    pub policy: HostPolicy,
-    /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a host without zero hints,
-    /// every reported block comes back "not known zero" (the baseline the "skip redundant zeroing" series measures against).
+    /// What the "host" (the kernel) does with reported blocks. A policy whose op does not
+    /// work on the RAM's backing is refused when the memory is built
+    /// ([`BuildError::Policy`]): `Lazy` needs private anonymous memory.
+    pub policy: DiscardPolicy,
+    /// Use the host's zero guarantee (the "skip redundant zeroing" series); `false` = a
+    /// host without zero hints, every reported block comes back "not known zero" (the
+    /// baseline the "skip redundant zeroing" series measures against).
     pub zero_hints: bool,
+    /// The zero-once lifecycle: a freed block of reporting order is zeroed off the
+    /// allocation path by the background zeroer with streaming stores (known zero and
+    /// resident: a zero-request takes it with no memset and no fault), and reported once
+    /// it has stayed free for the engine's delay. The zeroer's threads, priority and rate
+    /// are the builder's [`ZeroerConfig`] (the default one unless set).
+    pub zero_then_report: bool,
 }
 
 impl Default for ReportingSetup {
+    /// Linux's engine defaults, discarding at once, with zero hints.
     fn default() -> Self {
         ReportingSetup {
             config: ReportingConfig::default(),
-            policy: HostPolicy::Immediate,
+            policy: DiscardPolicy::Immediate,
             zero_hints: true,
+            zero_then_report: false,
+        }
+    }
+}
+
+impl ReportingSetup {
+    /// The zero-once lifecycle (see [`ReportingSetup::zero_then_report`]): a free block
+    /// stays resident and zeroed for about `hold` (the engine's delay), then is discarded
+    /// at once.
+    pub fn zero_then_report(hold: Duration) -> Self {
+        ReportingSetup {
+            config: ReportingConfig {
+                delay: hold,
+                ..ReportingConfig::default()
+            },
+            zero_then_report: true,
+            ..ReportingSetup::default()
         }
     }
 }
 
 /// Builder of [`ProcessMemory`]; see [`ProcessMemory::builder`].
-#[derive(Clone, Debug)]
-pub struct Builder {
-    size: usize,
-    backing: BackingKind,
+pub type ProcessBuilder = Builder<ProcessMode>;
+
+/// What only a process-mode [`Builder`] has.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessMode {
     reporting: Option<ReportingSetup>,
-    manager: ManagerSettings,
     zeroer: Option<ZeroerConfig>,
     init_on_free: bool,
     init_on_alloc: bool,
 }
 
-impl Builder {
-    /// Background zeroer threads (default: none, or [`ZeroerConfig::default`] under
-    /// [`HostPolicy::ZeroThenReport`]); `threads: 0` leaves zeroing to
+/// Process mode's setters and `build`; the shared ones are [`Builder`]'s.
+impl Builder<ProcessMode> {
+    /// Background zeroer threads (default: none, or [`ZeroerConfig::default`] with
+    /// [`ReportingSetup::zero_then_report`]); `threads: 0` leaves zeroing to
     /// [`ProcessMemory::prezero`] on the caller's threads.
     pub fn background_zeroer(mut self, config: ZeroerConfig) -> Self {
-        self.zeroer = Some(config);
+        self.mode.zeroer = Some(config);
         self
     }
 
     /// Zero every block when it is freed, like Linux's `init_on_free=1` (default off); it
     /// goes back known zero, so the next zero-request does not zero it again.
     pub fn init_on_free(mut self, on: bool) -> Self {
-        self.init_on_free = on;
+        self.mode.init_on_free = on;
         self
     }
 
     /// Make every allocation a zero-request, like Linux's `init_on_alloc=1` (default off):
     /// zeroed unless known zero.
     pub fn init_on_alloc(mut self, on: bool) -> Self {
-        self.init_on_alloc = on;
-        self
-    }
-
-    /// Bytes of RAM (default 1 GiB); a multiple of the backing's page size.
-    pub fn size(mut self, bytes: usize) -> Self {
-        self.size = bytes;
-        self
-    }
-
-    /// What backs the RAM (default: private anonymous with THP).
-    pub fn backing(mut self, kind: BackingKind) -> Self {
-        self.backing = kind;
+        self.mode.init_on_alloc = on;
         self
     }
 
     /// Turns free page reporting on with `setup` (default: off).
     pub fn reporting(mut self, setup: ReportingSetup) -> Self {
-        self.reporting = Some(setup);
+        self.mode.reporting = Some(setup);
         self
     }
 
     /// Turns free page reporting off: freed memory stays resident.
     pub fn no_reporting(mut self) -> Self {
-        self.reporting = None;
-        self
-    }
-
-    /// Largest block order (default 10, 4 MiB).
-    pub fn max_order(mut self, order: Order) -> Self {
-        self.manager.max_order = order;
-        self
-    }
-
-    /// Verify mode: every skipped zeroing and zero claim is checked by reading memory.
-    pub fn verify(mut self, on: bool) -> Self {
-        self.manager.verify = on;
-        self
-    }
-
-    /// Whether never-touched memory counts as known zero and reported (default `true`:
-    /// it is not resident and reads zero). `false` makes the allocator zero it like any
-    /// dirty memory (baselines).
-    pub fn fresh_is_zero(mut self, on: bool) -> Self {
-        self.manager.fresh_is_zero = on;
+        self.mode.reporting = None;
         self
     }
 
     /// Maps the RAM, builds the manager and starts reporting and the background zeroer.
-    pub fn build(self) -> Result<ProcessMemory, Error> {
+    pub fn build(self) -> Result<ProcessMemory, BuildError> {
         let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
         let pages = self.size as u64 / PAGE_SIZE;
-        let mut reporting = self.reporting;
-        let mut zeroer = self.zeroer;
-        if let Some(setup) = &mut reporting {
+        let reporting = self.mode.reporting;
+        let mut zeroer = self.mode.zeroer;
+        if let Some(setup) = &reporting {
             managed::check_reporting_order(setup.config.order, ram.backing().page_size())?;
-            if let HostPolicy::ZeroThenReport { hold } = setup.policy {
-                setup.config.delay = hold;
+            if setup.zero_then_report {
                 zeroer.get_or_insert_with(ZeroerConfig::default);
             }
         }
@@ -159,7 +157,7 @@ impl Builder {
         ));
         let mut manager = self.manager;
         if let Some(setup) = &reporting {
-            manager.reported_not_zero = setup.policy.reported_not_zero();
+            manager.reported_not_zero = crate::policy::reported_not_zero(setup.policy);
         }
         let mm = manager.build_manager(
             &ram,
@@ -173,16 +171,18 @@ impl Builder {
             map: Arc::clone(&map),
         };
         let zeroer = match zeroer.filter(|z| z.threads > 0) {
-            Some(config) => Some(BackgroundZeroer::start(target, config)?),
+            Some(config) => {
+                Some(BackgroundZeroer::start(target, config).map_err(BuildError::Zeroer)?)
+            }
             None => None,
         };
         let life = Arc::new(Lifecycle {
             zeroer,
             map: Arc::clone(&map),
-            init_on_free: self.init_on_free,
-            init_on_alloc: self.init_on_alloc,
+            init_on_free: self.mode.init_on_free,
+            init_on_alloc: self.mode.init_on_alloc,
         });
-        let caches = Arc::new(ThreadCaches::new(&mm, Some(Arc::clone(&life))));
+        let caches = Arc::new(Caches::new(&mm, &ram, Some(Arc::clone(&life))));
         let reporter = match reporting {
             None => None,
             Some(setup) => {
@@ -200,7 +200,7 @@ impl Builder {
             ram,
         });
         Ok(ProcessMemory {
-            owners: Owners::new(&(Arc::clone(&inner) as _), &caches),
+            owners: Owners::new(Arc::clone(&inner) as _, &caches),
             inner,
         })
     }
@@ -231,33 +231,29 @@ pub struct ProcessStats {
 
 impl ProcessMemory {
     /// A builder: 1 GiB, anonymous + THP, reporting off, max order 10.
-    pub fn builder() -> Builder {
-        Builder {
-            size: 1 << 30,
-            backing: BackingKind::Anonymous { thp: true },
-            reporting: None,
-            manager: ManagerSettings::default(),
-            zeroer: None,
-            init_on_free: false,
-            init_on_alloc: false,
-        }
+    pub fn builder() -> ProcessBuilder {
+        Builder::with(
+            1 << 30,
+            BackingKind::Anonymous { thp: true },
+            ProcessMode::default(),
+        )
     }
 
     /// Allocates a block of `order` (`2^order` pages); contents unspecified.
     #[inline]
-    pub fn alloc(&self, order: Order) -> Result<PageBlock, Error> {
+    pub fn alloc(&self, order: Order) -> Result<PageBlock, BlockError> {
         self.alloc_with(order, AllocRequest::DIRTY)
     }
 
     /// Allocates a block of `order` that reads zero (zeroed only if not known zero).
-    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, Error> {
+    pub fn alloc_zeroed(&self, order: Order) -> Result<PageBlock, BlockError> {
         self.alloc_with(order, AllocRequest::ZEROED)
     }
 
     /// Allocates with an explicit request (zeroing, hint page).
     #[inline]
-    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, Error> {
-        managed::alloc_block(&self.owners, order, req)
+    pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, BlockError> {
+        self.owners.alloc(order, req, order.pages())
     }
 
     /// [`ProcessMemory::alloc_with`] for a caller that uses only the first `used_pages`
@@ -268,21 +264,23 @@ impl ProcessMemory {
         order: Order,
         req: AllocRequest,
         used_pages: u64,
-    ) -> Result<PageBlock, Error> {
-        managed::alloc_prefix(&self.owners, order, req, used_pages)
+    ) -> Result<PageBlock, BlockError> {
+        self.owners.alloc(order, req, used_pages)
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles
-    /// expired holds; `None` when reporting is off. Blocks in the per-thread caches go back
-    /// to the allocator first, so they can merge and be reported too.
-    pub fn flush(&self, max_pages: u64) -> Option<PassReport> {
-        self.inner.caches.drain();
-        self.inner.reporter.as_ref().map(|r| r.flush(max_pages))
+    /// expired holds; an empty pass when reporting is off. Blocks in the per-thread caches
+    /// go back to the allocator first, so they can merge and be reported too.
+    pub fn flush(&self, max_pages: u64) -> PassReport {
+        self.inner.flush(max_pages)
     }
 
-    /// Runs a settle pass now (hold policy); `None` when reporting is off.
-    pub fn settle(&self) -> Option<PassReport> {
-        self.inner.reporter.as_ref().map(|r| r.settle())
+    /// Runs a settle pass now (hold policy); an empty pass when reporting is off.
+    pub fn settle(&self) -> PassReport {
+        self.inner
+            .reporter
+            .as_ref()
+            .map_or_else(PassReport::default, |r| r.settle())
     }
 
     /// Counters.
@@ -316,7 +314,7 @@ impl ProcessMemory {
     /// threads: a chunk is written only while free, and an allocation waits for it.
     /// Blocks in the per-thread caches go back to the allocator first, so freed blocks
     /// kept there are zeroed too.
-    pub fn prezero(&self, max_bytes: u64, cancel: &crate::CancelToken) -> u64 {
+    pub fn prezero(&self, max_bytes: u64, cancel: &crate::prezero::CancelToken) -> u64 {
         self.inner.caches.drain();
         let target = Target {
             mm: Arc::clone(&self.inner.mm),

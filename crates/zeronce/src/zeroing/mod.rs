@@ -1,6 +1,7 @@
 //! Who zeroes process memory and what is known zero per chunk: the [`RamZeroer`] the
-//! manager calls, the chunk states of [`zeromap`] (with a bit per page written since its last zeroing) and the [`background`] zeroer threads of
-//! the zero-once lifecycle. Used by the manager core (`managed`) and by process mode.
+//! manager calls, the chunk states of [`zeromap`] (with a bit per page written since its
+//! last zeroing), the [`background`] zeroer threads of the zero-once lifecycle, and the
+//! [`Lifecycle`] every free and allocation of process mode goes through.
 
 pub(crate) mod background;
 mod written;
@@ -10,3 +11,30 @@ pub(crate) mod zeromap;
 pub use background::ZeroerConfig;
 pub use zeroer::RamZeroer;
 pub use zeromap::ZeroingStats;
+
+use zeronce_mm::{Block, FreeHint};
+
+/// What a free and an allocation do besides the manager's work (process mode): chunk
+/// states, the background zeroer, the hardening options.
+pub(crate) struct Lifecycle {
+    /// Background zeroer threads (`None`: none running).
+    pub(crate) zeroer: Option<background::BackgroundZeroer>,
+    /// Chunk states shared with the zeroers and the device.
+    pub(crate) map: std::sync::Arc<zeromap::ZeroMap>,
+    /// Zero every block at free (Linux `init_on_free=1`); it is freed known zero.
+    pub(crate) init_on_free: bool,
+    /// Every allocation is a zero-request (Linux `init_on_alloc=1`): zeroed unless known
+    /// zero.
+    pub(crate) init_on_alloc: bool,
+}
+
+impl Lifecycle {
+    /// A block was freed with `hint`: wakes the zeroer if it left dirty chunks.
+    pub(crate) fn after_free(&self, block: Block, hint: FreeHint) {
+        if let Some(z) = &self.zeroer {
+            if hint == FreeHint::Dirty && block.order >= self.map.chunk_order() {
+                z.freed();
+            }
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! [`ThreadCaches`]: the fast path of [`crate::ProcessMemory`] and [`crate::VmMemory`],
+//! Linux's per-CPU page lists in user space. This module owns every rule of the fast
+//! path; they are stated here once.
+//!
+//! **Slots.** A handful of slots, one per CPU the process may run on; a thread always uses
+//! the same slot ([`crate::threads::slot_index`]), live threads are spread over them. As
+//! Linux's `pcp_spin_trylock`, a slot is only ever *tried*: a thread that finds its slot
+//! busy (another thread on it, or a drain) goes to the manager for that call instead of
+//! waiting, so no thread spins or sleeps on a slot on the allocation path. Taking a free
+//! slot is one atomic swap and giving it back one plain store.
+//!
+//! **Two layers per slot.**
+//! - *Kept blocks*: blocks their owners freed dirty, of an order up to [`PCP_MAX_ORDER`]
+//!   or of [`HUGE_ORDER`] (Linux keeps orders up to `PAGE_ALLOC_COSTLY_ORDER` and
+//!   `pageblock_order` on its per-CPU lists). A kept block stays allocated in the manager
+//!   and claimed, and moves as a whole ([`Keep`]: its owner reference, allocation and
+//!   claimed bytes) into a list of the freeing thread's slot; the next non-zero
+//!   allocation of that order on the slot moves it out again. No manager call, no byte
+//!   claim, no chunk-state change, no reference counting. A kept block is in use as far
+//!   as everything else knows: its chunk stays `Used` and its pages written, so no zeroer
+//!   touches it, no zero claim is made for it and a vouched-for zero tail is forgotten.
+//!   Zero-requests never take one.
+//! - *Cached blocks*: a [`PcpCache`] per slot, free blocks of orders up to
+//!   [`PCP_MAX_ORDER`] taken from and given back to the zone in batches. Only dirty
+//!   blocks enter and zero-requests bypass it, so a cached block never carries a "known
+//!   zero" it could lose.
+//!
+//! **The kept lists are static** ([`Slots`], one set shared by every owner; an entry is
+//! taken only by its own owner), because an owner cannot hold a list its entries'
+//! references are moved into while they are borrowed from it. The lists of a slot are
+//! reached only through a [`SlotGuard`], and the counters of that slot's kept blocks are
+//! written only with it: each owner's counters per slot ([`SlotCounters`]) can be written
+//! only by methods that take the guard, so a plain load and store each (no
+//! read-modify-write). Both live in [`slots`], where nothing else can reach inside them.
+//!
+//! **Bounds.** Kept and cached blocks are neither merged nor reported, so both are
+//! bounded per slot: per small order one cache batch (`pcp_batch_pages`, at most 1/64 of
+//! the memory) kept and `pcp_high_pages` cached; [`KEPT_HUGE_BYTES`] of huge blocks kept
+//! (at most 1/64 of the memory, none while a background zeroer runs: there a freed chunk
+//! is meant to be zeroed off the allocation path at once).
+//!
+//! **The way back.** Every allocated block reaches the manager through one function,
+//! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going
+//! back as if its owner freed it then (chunks `Dirty`, zeroer woken). Kept blocks go
+//! back before every reporting pass (keeping a huge block schedules one, as its free to
+//! the zone could have, whatever the reporting order), on [`ThreadCaches::drain`] (flush,
+//! stats: counts are then exact, and prezero), when an allocation would otherwise fail,
+//! and when the owner closes.
+//!
+//! **Closing.** Kept entries hold references to their owner, so the owner closes when its
+//! last handle goes ([`ThreadCaches::close`]): every kept block goes back and none is kept
+//! again (checked under the slot's guard: closing sets the flag, then empties every
+//! slot). Closing and the reporting thread's give-back are serialized, so the reporting
+//! thread never drops the last reference (which would join it from itself).
+
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use try_lock::TryLock;
+use zeronce_mem::SharedRam;
+use zeronce_mm::reporting::{ManagerHooks, Notifier};
+use zeronce_mm::sync::lock;
+use zeronce_mm::{
+    AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
+    PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
+};
+
+use crate::claimed::ClaimedBytes;
+use crate::threads::PerThread;
+use crate::zeroing::Lifecycle;
+
+mod slots;
+use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, LISTS};
+pub(crate) use slots::{Slots, HUGE_ORDER};
+
+/// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
+pub(crate) const KEPT_HUGE_BYTES: u64 = 16 << 20;
+
+/// What a kept list holds: an allocated, claimed block with its owner reference, moved in
+/// and out as it is (the handle module's block contents).
+pub(crate) trait Keep: Send + Sized + 'static {
+    /// Every slot's kept lists of this type.
+    fn slots() -> &'static Slots<Self>;
+    /// The owner's fast path (its identity, too: one per owner).
+    fn caches(&self) -> &ThreadCaches<Self>;
+    /// The block's order.
+    fn order(&self) -> Order;
+    /// Forgets how it was allocated: the next owner gets a dirty block, not zeroed for it.
+    fn reuse(&mut self);
+    /// The block and its claimed bytes, on their way back to the manager.
+    fn into_claim(self) -> (Block, ClaimedBytes);
+}
+
+/// Where [`ThreadCaches::give_back`] sends a block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// The calling thread's cache if it takes the block (small, dirty, slot free), else
+    /// the manager.
+    Cache,
+    /// The manager (a drain, or a block the caches must not hold again).
+    Manager,
+}
+
+/// Per-thread caches in front of one manager (see the module docs); `E` is what its kept
+/// lists hold.
+pub(crate) struct ThreadCaches<E> {
+    pcp: PerThread<TryLock<PcpCache<Arc<MemoryManager>>>>,
+    /// Most blocks kept per slot, per kept list.
+    kept_limit: [usize; LISTS],
+    /// Counters of the kept blocks, per slot.
+    counters: SlotCounters,
+    /// Set when the owner's last handle is gone: no block is kept for it any more.
+    closed: AtomicBool,
+    /// Held while kept blocks go back from the reporting thread, and while closing.
+    giving_back: Mutex<()>,
+    mm: Arc<MemoryManager>,
+    ram: Arc<SharedRam>,
+    /// The zero-once lifecycle (process mode): every free goes through it.
+    life: Option<Arc<Lifecycle>>,
+    /// Wakes the reporting worker when a huge block is kept, with the reporting order.
+    report: OnceLock<(Notifier, Order)>,
+    kept: PhantomData<fn() -> E>,
+}
+
+impl<E: Keep> ThreadCaches<E> {
+    /// One slot per CPU this process may run on, in front of `mm` over `ram`.
+    pub(crate) fn new(
+        mm: &Arc<MemoryManager>,
+        ram: &Arc<SharedRam>,
+        life: Option<Arc<Lifecycle>>,
+    ) -> Self {
+        let total = mm.total_pages();
+        let small = mm.config().pcp_batch_pages.min(total / 64);
+        let keep_huge =
+            life.as_ref().is_none_or(|l| l.zeroer.is_none()) && HUGE_ORDER <= mm.config().max_order;
+        let huge = if keep_huge {
+            KEPT_HUGE_BYTES.min(total * PAGE_SIZE / 64) / HUGE_ORDER.bytes()
+        } else {
+            0
+        };
+        let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        ThreadCaches {
+            pcp: PerThread::new(|| TryLock::new(PcpCache::new(Arc::clone(mm)))),
+            kept_limit: std::array::from_fn(|list| match list_order(list) {
+                o if o == HUGE_ORDER => fit(huge),
+                o => fit(small >> o.get()).max(1),
+            }),
+            counters: SlotCounters::new(),
+            closed: AtomicBool::new(false),
+            giving_back: Mutex::new(()),
+            mm: Arc::clone(mm),
+            ram: Arc::clone(ram),
+            life,
+            report: OnceLock::new(),
+            kept: PhantomData,
+        }
+    }
+
+    /// The manager.
+    pub(crate) fn manager(&self) -> &Arc<MemoryManager> {
+        &self.mm
+    }
+
+    /// The RAM the blocks are claimed from.
+    #[inline]
+    pub(crate) fn ram(&self) -> &Arc<SharedRam> {
+        &self.ram
+    }
+
+    /// The zero-once lifecycle (process mode).
+    #[inline]
+    pub(crate) fn life(&self) -> Option<&Lifecycle> {
+        self.life.as_deref()
+    }
+
+    /// Wakes `notifier`, whose reporting order is `order`, when a huge block is kept.
+    pub(crate) fn set_report_notifier(&self, notifier: Notifier, order: Order) {
+        if self.report.set((notifier, order)).is_err() {
+            tracing::error!("a second reporting notifier for one cache was ignored");
+        }
+    }
+
+    /// A kept block of `order` for the calling thread, if its slot's most recent one of
+    /// that order is this owner's; counted as an allocation.
+    #[inline]
+    pub(crate) fn take(&self, order: Order) -> Option<E> {
+        let (guard, list, entry) = self.pop_mine(order)?;
+        self.counters.count_take(&guard, list);
+        Some(entry)
+    }
+
+    /// Pops the calling thread's slot's most recent kept block of `order` if it is this
+    /// owner's, with the slot still held and the block's list.
+    #[inline]
+    fn pop_mine(&self, order: Order) -> Option<(SlotGuard<E>, usize, E)> {
+        let list = list_of(order)?;
+        let mut guard = SlotGuard::try_mine(E::slots())?;
+        if !std::ptr::eq(guard.list(list).last()?.caches(), self) {
+            return None;
+        }
+        let entry = guard.list(list).pop()?;
+        Some((guard, list, entry))
+    }
+
+    /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
+    /// caller when its order is not kept, its owner is closed, the slot keeps enough of
+    /// that order or is busy.
+    #[inline]
+    pub(crate) fn keep(mut entry: E) -> Result<(), E> {
+        let order = entry.order();
+        let Some(list) = list_of(order) else {
+            return Err(entry);
+        };
+        let Some(mut guard) = SlotGuard::try_mine(E::slots()) else {
+            return Err(entry);
+        };
+        let caches = entry.caches();
+        if caches.is_closed() || guard.list(list).len() >= caches.kept_limit[list] {
+            return Err(entry);
+        }
+        caches.counters.count_keep(&guard, list, order);
+        if order > PCP_MAX_ORDER {
+            // Schedules a reporting pass (which gives the block back first) as its free
+            // to the zone would have; the pass comes after the reporting delay.
+            caches.kept_huge_block();
+        }
+        entry.reuse();
+        guard.list(list).push(entry);
+        Ok(())
+    }
+
+    /// Gives the calling thread's kept blocks of `order` of this owner back to the
+    /// manager (a zero-request's search order then sees them).
+    pub(crate) fn give_back_mine(&self, order: Order) {
+        while let Some((guard, list, entry)) = self.pop_mine(order) {
+            self.counters.count_given_back(&guard, list, 1);
+            drop(guard);
+            self.give_back_kept(entry);
+        }
+    }
+
+    /// A huge block was kept: requests a reporting pass (one atomic load unless the
+    /// reporting engine is idle), which gives it back first. Whatever the reporting order:
+    /// in the zone the block could have merged into a reportable one.
+    #[inline]
+    fn kept_huge_block(&self) {
+        if let Some((notifier, reporting)) = self.report.get() {
+            notifier.freed(*reporting);
+        }
+    }
+
+    /// Takes every kept entry of this owner out of every slot (waiting for each slot's
+    /// holder) and gives it back to the manager.
+    fn give_back_all_kept(&self) {
+        let mut out = Vec::new();
+        for slot in 0..self.counters.slots() {
+            let mut guard = SlotGuard::wait(E::slots(), slot);
+            for list in 0..LISTS {
+                let before = out.len();
+                let entries = guard.list(list);
+                let mut k = 0;
+                while k < entries.len() {
+                    if std::ptr::eq(entries[k].caches(), self) {
+                        out.push(entries.remove(k));
+                    } else {
+                        k += 1;
+                    }
+                }
+                let n = (out.len() - before) as u64;
+                self.counters.count_given_back(&guard, list, n);
+            }
+        }
+        for entry in out {
+            self.give_back_kept(entry);
+        }
+    }
+
+    /// Gives a kept block back to the manager as if its owner freed it now.
+    fn give_back_kept(&self, entry: E) {
+        let (block, mut bytes) = entry.into_claim();
+        if let Err(e) = self.give_back(block, &mut bytes, FreeHint::Dirty, u64::MAX, Via::Manager) {
+            tracing::error!(%e, %block, "giving a kept block back failed");
+        }
+    }
+
+    /// The one way back to the manager for an allocated `block` whose claimed `bytes` are
+    /// released here first, freed with `hint`, its pages from `zero_from` on known to read
+    /// zero. The zero map learns of it before the manager (a zeroer must not see the block
+    /// free before), and counts it once freed. On a failed free the block is still
+    /// allocated: the map says so again (in use, every page written, or a later
+    /// zero-request would skip pages its holder wrote) and after a failed known-zero free
+    /// the bytes are claimed again, so the holder can free it dirty.
+    pub(crate) fn give_back(
+        &self,
+        block: Block,
+        bytes: &mut ClaimedBytes,
+        hint: FreeHint,
+        zero_from: u64,
+        via: Via,
+    ) -> Result<(), FreeError> {
+        let life = self.life();
+        if let Some(l) = life {
+            let zero_from = match hint {
+                FreeHint::KnownZero => 0,
+                FreeHint::Dirty => zero_from.min(block.order.pages()),
+            };
+            l.map.freed(block, zero_from);
+        }
+        // The claim goes before the manager (or the verify read) may touch the block.
+        bytes.release();
+        let freed = match via {
+            Via::Cache => self.free(block, hint),
+            Via::Manager => self.mm.free(block, hint),
+        };
+        match freed {
+            Ok(()) => {
+                if let Some(l) = life {
+                    l.map.count_freed(block.order.bytes());
+                    l.after_free(block, hint);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(l) = life {
+                    l.map.handed_out(block);
+                }
+                if hint == FreeHint::KnownZero {
+                    if let Ok(b) = ClaimedBytes::claim(&self.ram, block.pfn, block.order) {
+                        *bytes = b;
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Allocates from the calling thread's cache (small non-zero requests, its slot free)
+    /// or the manager; out of memory, every cache is drained and the manager tried again.
+    pub(crate) fn alloc(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<Allocation, AllocError> {
+        let first = {
+            let cached = !req.zeroed && order <= PCP_MAX_ORDER;
+            match self.pcp.mine().try_lock().filter(|_| cached) {
+                // Nothing to zero: the prefix does not matter.
+                Some(mut pcp) => pcp.alloc(order, req),
+                None => self.mm.alloc_prefix(order, req, used_pages),
+            }
+        };
+        match first {
+            Err(AllocError::OutOfMemory(_)) => {
+                self.drain();
+                self.mm.alloc_prefix(order, req, used_pages)
+            }
+            other => other,
+        }
+    }
+
+    /// Frees an unclaimed block into the calling thread's cache (small dirty blocks, its
+    /// slot free) or to the manager.
+    pub(crate) fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
+        if hint == FreeHint::Dirty && block.order <= PCP_MAX_ORDER {
+            if let Some(mut pcp) = self.pcp.mine().try_lock() {
+                return pcp.free(block, hint);
+            }
+        }
+        self.mm.free(block, hint)
+    }
+
+    /// Whether the owner's last handle is gone.
+    #[inline]
+    fn is_closed(&self) -> bool {
+        self.closed.load(Acquire)
+    }
+
+    /// The owner's last handle is gone: its kept blocks go back and none is kept again
+    /// (their owner references would keep it alive).
+    pub(crate) fn close(&self) {
+        let _serial = lock(&self.giving_back);
+        self.closed.store(true, Release);
+        self.give_back_all_kept();
+    }
+
+    /// Gives every kept and cached block back to the manager (waiting for each slot). Not
+    /// on the reporting thread (see [`ManagerHooks::before_pass`] below).
+    pub(crate) fn drain(&self) {
+        self.give_back_all_kept();
+        for pcp in self.pcp.iter() {
+            lock_slot(pcp).drain();
+        }
+    }
+
+    /// The manager's counters after a [`ThreadCaches::drain`], with the allocations and
+    /// frees the kept blocks served added.
+    pub(crate) fn stats(&self) -> Stats {
+        self.drain();
+        let mut stats = self.mm.stats();
+        self.counters.add_to(&mut stats);
+        stats
+    }
+
+    /// Bytes freed into kept lists that have not reached the manager (not counted by the
+    /// zero map yet).
+    pub(crate) fn kept_freed_bytes(&self) -> u64 {
+        self.counters.freed_bytes()
+    }
+}
+
+impl<E> Drop for ThreadCaches<E> {
+    fn drop(&mut self) {
+        // Every kept entry holds a reference to its owner, so none is left: only the
+        // cached blocks go back.
+        for pcp in self.pcp.iter() {
+            lock_slot(pcp).drain();
+        }
+    }
+}
+
+/// The reporting engine's view: the manager, with every cache given back to it before a
+/// pass, so blocks freed into a cache are reported like blocks freed to the zone (Linux
+/// reports only what reached the buddy lists; its per-CPU lists are small).
+impl<E: Keep> ManagerHooks for ThreadCaches<E> {
+    fn manager(&self) -> &MemoryManager {
+        &self.mm
+    }
+    fn before_pass(&self) {
+        // Serialized with `close`: until it has run, the owner's handles hold references,
+        // so the kept blocks' references dropped here are not the last (the last would
+        // drop the reporter, which joins this very thread).
+        let _serial = lock(&self.giving_back);
+        if !self.is_closed() {
+            self.drain();
+        }
+    }
+}

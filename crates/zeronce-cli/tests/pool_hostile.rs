@@ -276,10 +276,10 @@ fn sigterm_in_the_middle_of_zeroing_loses_nothing_and_hands_out_no_half_zeroed_f
 fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() {
     const WARM_UP: usize = 500;
     const CYCLES: usize = 5000;
-    // Two one-page files: one is zeroed while the other is taken.
+    // Four one-page files: some are zeroed while one is taken.
     let size = PAGE.to_string();
     let mut daemon =
-        Daemon::start_args("soak", &["--files", "2", "--size", &size, "--workers", "1"]);
+        Daemon::start_args("soak", &["--files", "4", "--size", &size, "--workers", "1"]);
     daemon.wait_idle();
     let cycle = |d: &Daemon| {
         let mut c = d.client();

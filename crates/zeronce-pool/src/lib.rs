@@ -41,8 +41,9 @@
 //!
 //! Inside, apart from those: the handle (`daemon`) over the state its threads share
 //! (`shared`), the zeroing of jobs on workers or on a requesting thread (`worker`), the
-//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of an orphan's users
-//! (`usage`).
+//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of a returned or
+//! orphaned file's users (`usage`), one client connection and the bounds on all of them
+//! (`connection`, its [`server::Limits`]), the answers to its requests (`requests`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,8 +1,8 @@
 //! Whether a process other than the daemon still has a file open or mapped, read from
 //! `/proc/PID/fd` (descriptors) and `/proc/PID/maps` (mappings, which outlive the
 //! descriptor they were made from: a VMM may close the file and keep running on its
-//! mapping). The daemon asks before it reclaims an orphaned file: zeroing pages a guest
-//! is still running on would corrupt it.
+//! mapping). The daemon asks before it zeroes any returned file and before it reclaims an
+//! orphaned one: zeroing pages a guest is still running on would corrupt it.
 //!
 //! A process the daemon may not inspect (`EACCES`: more privileged than the daemon, in
 //! another user namespace, or not dumpable) is not seen. Such a process could only write

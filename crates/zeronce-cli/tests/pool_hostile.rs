@@ -112,6 +112,40 @@ fn a_returned_file_another_process_maps_is_not_zeroed_until_unmapped() {
 
 #[test]
 #[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
+fn a_restart_that_lost_its_state_file_zeroes_no_file_in_use() {
+    let mut daemon = Daemon::start("lostrecord");
+    daemon.wait_idle();
+    let taken = daemon.take_waiting();
+    let mut ram = map(open(&taken.path));
+    check_zero_then_write(&mut ram);
+    // The daemon is killed and its record of the take is lost.
+    let mut child = daemon.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_file(&daemon.state).unwrap();
+    daemon.spawn();
+    daemon.wait_for(
+        |d| {
+            let p = &d.stats()["pages"];
+            p["orphaned"] == PAGES || (p["zeroable"] == 0 && p["zeroing"] == 0)
+        },
+        "the file held or zeroed",
+    );
+    assert!(
+        !ram.is_zero(0, ram.len()).unwrap(),
+        "the restarted daemon zeroed a file this process maps"
+    );
+    drop(ram);
+    daemon.wait_for(
+        |d| counter(&d.stats(), "orphans_reclaimed") == 1,
+        "the reclaim once unmapped",
+    );
+    daemon.wait_idle();
+    check_zero_then_write(&mut map(open(&daemon.take_waiting().path)));
+}
+
+#[test]
+#[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
 fn a_take_of_zero_bytes_and_invalid_utf8_get_error_replies_on_a_live_connection() {
     let mut daemon = Daemon::start("badlines");
     daemon.wait_idle();

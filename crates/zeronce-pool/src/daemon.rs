@@ -172,6 +172,16 @@ impl Pool {
                 pool.restore_token(file, token);
             }
         }
+        // A file to be zeroed that a process still has open or mapped (its record was
+        // lost, or the state file is for another size): held until unused.
+        for file in (0..pool.file_count()).map(FileId) {
+            if matches!(pool.state(file), FileState::Dirty { .. }) {
+                if let Some(pid) = user(&files.path(file)) {
+                    tracing::warn!(path = %files.path(file).display(), pid, "file in use at start: held as orphaned until unused");
+                    pool.hold_until_unused(file)?;
+                }
+            }
+        }
         let shared = Arc::new(Shared::new(
             files,
             pool,
@@ -301,14 +311,7 @@ impl Pool {
         let file = s.lock().pool.check_return(name, claim)?;
         let path = s.files.path(file);
         // Outside the lock (it reads /proc); the file stays taken meanwhile.
-        let in_use_by = match usage(&path) {
-            Ok(Usage::Unused { .. }) => None,
-            Ok(Usage::UsedBy(pid)) => Some(pid),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), %e, "cannot check a returned file's users: held until checked");
-                Some(0)
-            }
-        };
+        let in_use_by = user(&path);
         {
             let mut inner = s.lock();
             inner.pool.return_file(name, claim, in_use_by.is_some())?;
@@ -471,6 +474,19 @@ impl Pool {
             let _ = t.join();
         }
         Ok(self.shared.persist()?)
+    }
+}
+
+/// A process other than this one that has `path` open or mapped (`Some(0)`: the check
+/// failed, which counts as in use).
+fn user(path: &Path) -> Option<u32> {
+    match usage(path) {
+        Ok(Usage::Unused { .. }) => None,
+        Ok(Usage::UsedBy(pid)) => Some(pid),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), %e, "cannot check a file's users: held until checked");
+            Some(0)
+        }
     }
 }
 

@@ -383,3 +383,22 @@ fn tokens_survive_a_restart_and_untokened_held_files_return_as_before() {
     let mut legacy = PoolState::new(PAGE, 4, held);
     legacy.return_file("a", Some(&stranger), false).unwrap();
 }
+
+#[test]
+fn a_free_file_in_use_at_start_is_held_until_unused() {
+    let mut pool = PoolState::new(PAGE, 4, names(2));
+    let f = FileId(1);
+    pool.hold_until_unused(f).unwrap();
+    assert_eq!(pool.counts().orphaned, 4);
+    assert_eq!(pool.next_job(u64::MAX).map(|j| j.file), Some(FileId(0)));
+    assert!(
+        pool.next_job(u64::MAX).is_none(),
+        "never zeroed while in use"
+    );
+    assert_eq!(
+        pool.hold_until_unused(f),
+        Err(StateError::NotInState(f, "dirty"))
+    );
+    pool.reclaim(f).unwrap();
+    assert_eq!(pool.next_job(u64::MAX).map(|j| j.file), Some(f));
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use zeronce_mem::HugePageSize;
 use zeronce_pool::client::{Client, TakeOptions};
-use zeronce_pool::server::Server;
+use zeronce_pool::server::{Limits, Server};
 use zeronce_pool::{parse_cpu_list, Pool, PoolConfig, WorkerConfig};
 use zeronce_types::size::parse_size;
 
@@ -24,10 +24,13 @@ pub enum PoolCmd {
     /// Take a pre-zeroed file; prints its path (or, with --fd, runs a command holding
     /// its descriptor).
     Take(TakeArgs),
-    /// Give a file back (the daemon re-zeroes it).
+    /// Give a file back (the daemon re-zeroes it once no process has it open or mapped).
     Return {
         /// The path `take` printed.
         path: PathBuf,
+        /// The token `take` printed (on stderr): only the file's taker may return it.
+        #[arg(long, env = "ZERONCE_POOL_TOKEN")]
+        token: Option<String>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -93,6 +96,13 @@ pub struct ServeArgs {
     /// Least time between two "zeroable pages appeared" events, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub event_interval_ms: u64,
+    /// Client connections served at once (one more is refused with one error line).
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+    /// A connection holding no file that sends no request for this long is closed,
+    /// milliseconds.
+    #[arg(long, default_value_t = Limits::default().idle_timeout.as_millis() as u64)]
+    pub idle_timeout_ms: u64,
 }
 
 /// `zeronce pool take`.
@@ -137,8 +147,19 @@ pub fn run(cmd: PoolCmd) -> PoolResult {
     match cmd {
         PoolCmd::Serve(args) => serve(args),
         PoolCmd::Take(args) => take(&args),
-        PoolCmd::Return { path, socket } => {
-            connect(&socket.socket)?.give_back(&path)?;
+        PoolCmd::Return {
+            path,
+            token,
+            socket,
+        } => {
+            let v = connect(&socket.socket)?.return_file(&path, token.as_deref())?;
+            if v["in_use"] == true {
+                eprintln!(
+                    "zeronce pool: {} is still open or mapped by process {}: the daemon zeroes it once no process uses it",
+                    path.display(),
+                    v["used_by"]
+                );
+            }
             Ok(())
         }
         PoolCmd::Stats { socket } => {
@@ -185,7 +206,12 @@ fn serve(args: ServeArgs) -> PoolResult {
         min_event_interval: Duration::from_millis(args.event_interval_ms),
     };
     let pool = Arc::new(Pool::start(config)?);
-    let server = Server::bind(pool, &args.socket.socket)?;
+    let limits = Limits {
+        max_connections: args.max_connections,
+        idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+        ..Limits::default()
+    };
+    let server = Server::bind(pool, &args.socket.socket)?.with_limits(limits);
     server.stop_on_signals()?;
     eprintln!(
         "zeronce pool: serving on {} (SIGINT/SIGTERM to stop)",
@@ -203,8 +229,13 @@ fn take(args: &TakeArgs) -> PoolResult {
         lease: args.lease,
     };
     let taken = client.take(args.size, how)?;
+    let path = taken.path.display();
     if !args.fd {
-        println!("{}", taken.path.display());
+        println!("{path}");
+        eprintln!(
+            "zeronce pool: token {0}: `zeronce pool return {path} --token {0}` gives it back",
+            taken.token
+        );
         return Ok(());
     }
     let fd: OwnedFd = taken
@@ -218,17 +249,16 @@ fn take(args: &TakeArgs) -> PoolResult {
         .args(rest.iter().map(|a| a.replace("{fd}", &n)))
         .env("ZERONCE_POOL_FD", &n)
         .env("ZERONCE_POOL_PATH", &taken.path)
+        .env("ZERONCE_POOL_TOKEN", &taken.token)
         .status()?;
     if args.lease {
         eprintln!(
-            "zeronce pool: lease on {} ends; the daemon reclaims it once no process uses it",
-            taken.path.display()
+            "zeronce pool: lease on {path} ends; the daemon reclaims it once no process uses it"
         );
     } else {
         eprintln!(
-            "zeronce pool: {} stays taken; `zeronce pool return {}` gives it back",
-            taken.path.display(),
-            taken.path.display()
+            "zeronce pool: {path} stays taken; `zeronce pool return {path} --token {}` gives it back",
+            taken.token
         );
     }
     if !status.success() {

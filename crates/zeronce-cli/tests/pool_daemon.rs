@@ -3,140 +3,15 @@
 //! (`ZERONCE_HUGETLBFS_2M`): ignored by a plain `cargo nextest run`; `.ci/run` mounts one
 //! and runs it; without the mount it fails saying what to set up.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-use serde_json::Value;
-use zeronce_mem::{BackingKind, DiscardOp, GuestRam, HugePageSize};
-use zeronce_pool::client::{Client, TakeOptions, TakenFile};
-use zeronce_pool::files::mount_from_env;
+use zeronce_mem::DiscardOp;
+use zeronce_pool::client::TakeOptions;
 
-const PAGE: usize = 2 << 20;
-const PAGES: usize = 4;
-/// Readiness waits give up after this (a hung daemon fails the test, it is no timing).
-const PATIENCE: Duration = Duration::from_secs(120);
+mod common;
 
-/// The daemon process and its files; killed and removed on drop.
-struct Daemon {
-    child: Option<Child>,
-    dir: PathBuf,
-    socket: PathBuf,
-    state: PathBuf,
-}
-
-impl Daemon {
-    fn start(name: &str) -> Daemon {
-        let mount = mount_from_env().unwrap_or_else(|e| panic!("{e}"));
-        let id = format!("{name}-{}", std::process::id());
-        let dir = mount.join(&id);
-        std::fs::create_dir_all(&dir).unwrap();
-        let tmp = std::env::temp_dir();
-        let socket = tmp.join(format!("zeronce-{id}.sock"));
-        let state = tmp.join(format!("zeronce-{id}.state"));
-        let child = Command::new(env!("CARGO_BIN_EXE_zeronce"))
-            .args(["pool", "serve", "--files", "1", "--workers", "1"])
-            .arg("--size")
-            .arg(format!("{}", PAGES * PAGE))
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state")
-            .arg(&state)
-            .spawn()
-            .expect("spawning zeronce pool serve");
-        let mut d = Daemon {
-            child: Some(child),
-            dir,
-            socket,
-            state,
-        };
-        d.wait_for(|d| Client::connect(&d.socket).is_ok(), "the control socket");
-        d
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).expect("connecting to the daemon")
-    }
-
-    fn stats(&self) -> Value {
-        self.client().stats().expect("stats")
-    }
-
-    /// Takes a file by path on a fresh connection, waiting until one is ready.
-    fn take_waiting(&self) -> TakenFile {
-        let wait = TakeOptions {
-            wait: true,
-            ..TakeOptions::default()
-        };
-        self.client().take(PAGE as u64, wait).expect("take")
-    }
-
-    /// Polls until `ready` (the daemon must still be running).
-    fn wait_for(&mut self, ready: impl Fn(&Daemon) -> bool, what: &str) {
-        let start = Instant::now();
-        while !ready(self) {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("the daemon exited ({status}) while waiting for {what}");
-            }
-            assert!(start.elapsed() < PATIENCE, "no {what} after {PATIENCE:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits until the daemon has no zeroing work left.
-    fn wait_idle(&mut self) {
-        self.wait_for(
-            |d| {
-                let p = &d.stats()["pages"];
-                p["zeroable"] == 0 && p["zeroing"] == 0
-            },
-            "idle pool",
-        );
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(&self.state);
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-fn map(file: std::os::fd::OwnedFd) -> GuestRam {
-    GuestRam::map_file(file, BackingKind::Hugetlb(HugePageSize::Size2M)).expect("mmap MAP_SHARED")
-}
-
-fn open(path: &Path) -> std::os::fd::OwnedFd {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    f.into()
-}
-
-/// What a VMM does: every page reads zero; the guest writes all of it.
-fn check_zero_then_write(ram: &mut GuestRam) {
-    for page in 0..ram.len() / PAGE {
-        assert!(
-            ram.is_zero(page * PAGE, PAGE).unwrap(),
-            "page {page} of a taken file is not zero"
-        );
-    }
-    let len = ram.len();
-    ram.fill(0, len, 0x5A).unwrap();
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name].as_u64().unwrap()
-}
+use common::pool::{check_zero_then_write, counter, map, open, Daemon, PAGE, PAGES};
 
 #[test]
 #[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
@@ -181,7 +56,11 @@ fn clients_get_zero_files_and_punched_pages_come_back_without_daemon_zeroing() {
         assert!(z.is_zeroed());
     }
     drop(ram);
-    daemon.client().give_back(&taken.path).unwrap();
+    // Another connection than the take's: the token returns it.
+    daemon
+        .client()
+        .return_with_token(&taken.path, &taken.token)
+        .unwrap();
     daemon.wait_idle();
     let after_holes = daemon.stats();
     let delta = |name| counter(&after_holes, name) - counter(&after_first, name);
@@ -201,7 +80,11 @@ fn clients_get_zero_files_and_punched_pages_come_back_without_daemon_zeroing() {
     );
     check_zero_then_write(&mut ram);
     drop(ram);
-    daemon.client().give_back(&taken.path).unwrap();
+    // Another connection than the take's: the token returns it.
+    daemon
+        .client()
+        .return_with_token(&taken.path, &taken.token)
+        .unwrap();
 
     // Clean shutdown on SIGTERM: exit 0, socket removed, state written.
     let mut child = daemon.child.take().unwrap();

@@ -46,6 +46,9 @@ pub struct TakenFile {
     pub served: String,
     /// The descriptor, when asked for.
     pub fd: Option<OwnedFd>,
+    /// The secret that returns the file from another connection ([`Client::return_with_token`]);
+    /// empty from a daemon that predates tokens.
+    pub token: String,
 }
 
 /// A connection to a pool daemon.
@@ -155,13 +158,29 @@ impl Client {
             bytes: v["bytes"].as_u64().unwrap_or(0),
             served: v["served"].as_str().unwrap_or("").to_owned(),
             fd: fds.pop(),
+            token: v["token"].as_str().unwrap_or("").to_owned(),
         })
     }
 
-    /// Gives a file back.
+    /// Gives back a file taken on this connection.
     pub fn give_back(&mut self, path: &Path) -> Result<(), ClientError> {
+        self.return_file(path, None).map(|_| ())
+    }
+
+    /// Gives back a file taken on any connection (a VMM that restarted, a launcher that
+    /// exited) with the token its take returned.
+    pub fn return_with_token(&mut self, path: &Path, token: &str) -> Result<(), ClientError> {
+        self.return_file(path, Some(token)).map(|_| ())
+    }
+
+    /// Sends `return` for `path` (with `token`, if any); the daemon's reply (`in_use`:
+    /// another process still has the file open or mapped, so the daemon holds it
+    /// unzeroed until none has).
+    pub fn return_file(&mut self, path: &Path, token: Option<&str>) -> Result<Value, ClientError> {
         let path = path.to_string_lossy().into_owned();
-        self.request(&Request::Return { path }).map(|_| ())
+        let token = token.map(str::to_owned);
+        self.request(&Request::Return { path, token })
+            .map(|(v, _)| v)
     }
 
     /// The daemon's stats reply.

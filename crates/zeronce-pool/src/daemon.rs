@@ -15,8 +15,9 @@ use crate::events::ZeroableEvent;
 use crate::files::{FilesError, PoolFiles};
 use crate::persist;
 use crate::shared::Shared;
-use crate::state::{FileId, FileState, PoolState, StateError, Take};
+use crate::state::{Claim, FileId, FileState, Owner, PoolState, StateError, Take};
 use crate::stats::Stats;
+use crate::usage::{usage, Usage};
 use crate::worker::{self, WorkerConfig};
 
 /// What a pool is made of.
@@ -62,6 +63,9 @@ pub enum PoolError {
     /// A thread could not be started.
     #[error("spawning a thread: {0}")]
     Spawn(std::io::Error),
+    /// No random bytes for a take's token.
+    #[error("reading random bytes for a token: {0}")]
+    Random(std::io::Error),
 }
 
 /// How a taken file was made ready.
@@ -94,6 +98,20 @@ pub struct Taken {
     pub bytes: u64,
     /// How it was made ready.
     pub served: Served,
+    /// The secret that returns it from another connection (hex); see
+    /// [`Pool::return_file`].
+    pub token: String,
+}
+
+/// What a return did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Returned {
+    /// The file's path.
+    pub path: PathBuf,
+    /// A process other than the daemon that still had it open or mapped (`Some(0)`:
+    /// its users could not be checked). Such a file is held as orphaned, never zeroed,
+    /// until no process uses it; `None`: it is dirty work now.
+    pub in_use_by: Option<u32>,
 }
 
 /// What a `prezero` request did.
@@ -148,7 +166,22 @@ impl Pool {
             .collect();
         let pages_per_file = u32::try_from(config.file_bytes / page)
             .map_err(|_| PoolError::Config("too many pages per file".into()))?;
-        let pool = PoolState::new(page, pages_per_file, names);
+        let mut pool = PoolState::new(page, pages_per_file, names);
+        for (name, token) in persist::load_tokens(&config.state_file) {
+            if let Some(file) = pool.find(&name) {
+                pool.restore_token(file, token);
+            }
+        }
+        // A file to be zeroed that a process still has open or mapped (its record was
+        // lost, or the state file is for another size): held until unused.
+        for file in (0..pool.file_count()).map(FileId) {
+            if matches!(pool.state(file), FileState::Dirty { .. }) {
+                if let Some(pid) = user(&files.path(file)) {
+                    tracing::warn!(path = %files.path(file).display(), pid, "file in use at start: held as orphaned until unused");
+                    pool.hold_until_unused(file)?;
+                }
+            }
+        }
         let shared = Arc::new(Shared::new(
             files,
             pool,
@@ -192,7 +225,20 @@ impl Pool {
     /// Takes a file of at least `bytes`: a pre-zeroed one, else a dirty one zeroed now
     /// on this thread; with `wait`, waits for files being zeroed when none is free.
     pub fn take(&self, bytes: u64, wait: bool) -> Result<Taken, PoolError> {
+        self.take_by(bytes, wait, None)
+    }
+
+    /// [`Pool::take`] for a client on `connection` (`None`: in-process): the file is
+    /// that connection's, and the holder's of the token in the answer
+    /// ([`Pool::return_file`]).
+    pub fn take_by(
+        &self,
+        bytes: u64,
+        wait: bool,
+        connection: Option<u64>,
+    ) -> Result<Taken, PoolError> {
         let s = &self.shared;
+        let token = new_token().map_err(PoolError::Random)?;
         let mut inner = s.lock();
         let (file, served) = loop {
             if s.stopping() {
@@ -216,6 +262,11 @@ impl Pool {
             }
         };
         let bytes = inner.pool.file_bytes();
+        let owner = Owner {
+            connection,
+            token: token.clone(),
+        };
+        inner.pool.set_owner(file, owner)?;
         drop(inner);
         // Recorded held before the client learns the path.
         s.persist()?;
@@ -226,11 +277,28 @@ impl Pool {
             path,
             bytes,
             served,
+            token,
         })
     }
 
-    /// A client gives a file back, by path (or name): the workers re-zero it.
+    /// The embedding process gives a file back, by path (or name), whoever took it:
+    /// [`Pool::return_file`] without a claim.
     pub fn give_back(&self, path: &Path) -> Result<PathBuf, PoolError> {
+        Ok(self.return_file(path, None)?.path)
+    }
+
+    /// `claim` returns a file by path (or name); `None`: the embedding process, which may
+    /// return any taken file. A client may return only a file it took: on the same
+    /// connection, or with the token of the take ([`StateError::NotOwner`] otherwise).
+    /// Before anything is zeroed the daemon looks for other processes that still have the
+    /// file open or mapped (`/proc`): if one does, the file is held as orphaned, never
+    /// zeroed, and reclaimed once unused ([`Pool::reclaim_orphans`]); else the workers
+    /// re-zero it.
+    pub fn return_file(
+        &self,
+        path: &Path,
+        claim: Option<&Claim<'_>>,
+    ) -> Result<Returned, PoolError> {
         let s = &self.shared;
         let name = path
             .file_name()
@@ -240,17 +308,30 @@ impl Pool {
                     .is_none_or(|p| p.as_os_str().is_empty() || p == s.files.dir())
             })
             .ok_or_else(|| StateError::Unknown(path.display().to_string()))?;
-        let file = {
+        let file = s.lock().pool.check_return(name, claim)?;
+        let path = s.files.path(file);
+        // Outside the lock (it reads /proc); the file stays taken meanwhile.
+        let in_use_by = user(&path);
+        {
             let mut inner = s.lock();
-            let file = inner.pool.give_back(name)?;
+            inner.pool.return_file(name, claim, in_use_by.is_some())?;
             s.zeroable_grew(&mut inner);
-            file
-        };
+        }
         s.changed.notify_all();
         s.persist()?;
-        let path = s.files.path(file);
-        tracing::info!(path = %path.display(), "file returned");
-        Ok(path)
+        match in_use_by {
+            None => tracing::info!(path = %path.display(), "file returned"),
+            Some(pid) => tracing::warn!(
+                path = %path.display(), pid,
+                "file returned while another process has it open or mapped: held as orphaned until unused"
+            ),
+        }
+        Ok(Returned { path, in_use_by })
+    }
+
+    /// Whether `connection` holds a file it took (and has not returned).
+    pub fn held_by(&self, connection: u64) -> bool {
+        self.shared.lock().pool.held_by(connection)
     }
 
     /// Ties a file just taken to its client's connection (see [`Pool::end_lease`]).
@@ -394,6 +475,27 @@ impl Pool {
         }
         Ok(self.shared.persist()?)
     }
+}
+
+/// A process other than this one that has `path` open or mapped (`Some(0)`: the check
+/// failed, which counts as in use).
+fn user(path: &Path) -> Option<u32> {
+    match usage(path) {
+        Ok(Usage::Unused { .. }) => None,
+        Ok(Usage::UsedBy(pid)) => Some(pid),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), %e, "cannot check a file's users: held until checked");
+            Some(0)
+        }
+    }
+}
+
+/// A new token: 16 random bytes, in hex.
+fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Drop for Pool {

@@ -6,7 +6,10 @@
 //! files of size S whose pages are all allocated and zero, so the VMM maps one and runs:
 //!
 //! * [`Pool::take`] hands out a ready file (or, when none is, zeroes a dirty one on the
-//!   request, counted); [`Pool::give_back`] takes it back **dirty**;
+//!   request, counted); [`Pool::give_back`] takes it back **dirty**. Over the socket only
+//!   its taker may return it (the connection that took it, or the token of the take:
+//!   [`Pool::return_file`]), and a file another process still has open or mapped is
+//!   held as orphaned, not zeroed, until unused;
 //! * zeroing workers ([`WorkerConfig`]: threads, CPU list, nice, bandwidth cap) re-zero
 //!   returned files in the background, page by page, stopping between pages at shutdown,
 //!   never touching a file a client holds;
@@ -38,18 +41,21 @@
 //!
 //! Inside, apart from those: the handle (`daemon`) over the state its threads share
 //! (`shared`), the zeroing of jobs on workers or on a requesting thread (`worker`), the
-//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of an orphan's users
-//! (`usage`).
+//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of a returned or
+//! orphaned file's users (`usage`), one client connection and the bounds on all of them
+//! (`connection`, its [`server::Limits`]), the answers to its requests (`requests`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;
+mod connection;
 mod daemon;
 mod events;
 pub mod files;
 mod pacer;
 pub mod persist;
 pub mod proto;
+mod requests;
 pub mod server;
 mod shared;
 pub mod state;
@@ -57,7 +63,7 @@ mod stats;
 mod usage;
 mod worker;
 
-pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Served, Taken};
+pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Returned, Served, Taken};
 pub use events::ZeroableEvent;
 pub use state::{PageCounts, PoolCounters};
 pub use stats::Stats;

@@ -5,12 +5,16 @@
 //! reached the page cache; so a take costs no disk flush.
 //!
 //! Format (JSON, one object): `{"version":1,"page_bytes":P,"file_bytes":S,
-//! "files":{"NAME":"zero"|"held"|"dirty"}}`. A record for another page or file size, an
-//! unreadable or unparsable file are ignored with a warning: every file is then dirty
-//! (not provably zero), which costs zeroing, never correctness.
+//! "files":{"NAME":"zero"|"held"|"orphaned"|"dirty"},"tokens":{"NAME":"TOKEN"}}`. A record
+//! for another page or file size, an unreadable or unparsable file are ignored with a
+//! warning: every file is then dirty (not provably zero), which costs zeroing, never
+//! correctness. `tokens` (absent in files written before tokens existed) are the secrets
+//! of taken files' takes, so a client can still return its file after a restart; the file
+//! is created mode 0600 for them.
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
@@ -65,17 +69,49 @@ pub fn parse(text: &str, page_bytes: u64, file_bytes: u64) -> Option<HashMap<Str
         .collect()
 }
 
-/// The text of a state file.
+/// The tokens of a state file, by file name (empty when there is none or no usable one).
+pub fn load_tokens(path: &Path) -> HashMap<String, String> {
+    let Some(v) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+    else {
+        return HashMap::new();
+    };
+    let Some(tokens) = v["tokens"].as_object() else {
+        return HashMap::new();
+    };
+    tokens
+        .iter()
+        .filter_map(|(name, t)| Some((name.clone(), t.as_str()?.to_owned())))
+        .collect()
+}
+
+/// The text of a state file, without tokens.
 pub fn render<'a>(
     page_bytes: u64,
     file_bytes: u64,
     files: impl IntoIterator<Item = (&'a str, Persisted)>,
 ) -> String {
+    render_with_tokens(page_bytes, file_bytes, files, [])
+}
+
+/// The text of a state file, with the tokens of taken files.
+pub fn render_with_tokens<'a>(
+    page_bytes: u64,
+    file_bytes: u64,
+    files: impl IntoIterator<Item = (&'a str, Persisted)>,
+    tokens: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
     let files: Map<String, Value> = files
         .into_iter()
         .map(|(n, p)| (n.to_owned(), Value::from(p.name())))
         .collect();
-    let v = json!({"version": VERSION, "page_bytes": page_bytes, "file_bytes": file_bytes, "files": files});
+    let tokens: Map<String, Value> = tokens
+        .into_iter()
+        .map(|(n, t)| (n.to_owned(), Value::from(t)))
+        .collect();
+    let v = json!({"version": VERSION, "page_bytes": page_bytes, "file_bytes": file_bytes,
+        "files": files, "tokens": tokens});
     format!("{v}\n")
 }
 
@@ -88,7 +124,16 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<(), PersistError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    // Mode 0600: it holds the tokens that return taken files (a left-over temporary
+    // file of another mode is removed first).
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
     f.write_all(text.as_bytes()).map_err(err)?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(err)
@@ -129,6 +174,14 @@ mod tests {
         write_atomic(&path, &render(1, 2, [("x", Persisted::Held)])).unwrap();
         write_atomic(&path, &render(1, 2, [("x", Persisted::Zero)])).unwrap();
         assert_eq!(load(&path, 1, 2)["x"], Persisted::Zero);
+        assert!(load_tokens(&path).is_empty());
+        let text = render_with_tokens(1, 2, [("x", Persisted::Held)], [("x", "ab12")]);
+        write_atomic(&path, &text).unwrap();
+        assert_eq!(load(&path, 1, 2)["x"], Persisted::Held);
+        assert_eq!(load_tokens(&path)["x"], "ab12");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "tokens are secrets");
         std::fs::write(&path, "garbage").unwrap();
         assert!(load(&path, 1, 2).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();

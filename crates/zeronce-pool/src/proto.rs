@@ -23,6 +23,9 @@ pub enum Request {
     Return {
         /// Its path (or name).
         path: String,
+        /// The token its take returned: needed on any connection but the one that took
+        /// the file.
+        token: Option<String>,
     },
     /// Counts and counters.
     Stats,
@@ -66,6 +69,11 @@ impl Request {
                     .as_str()
                     .ok_or_else(|| BadRequest("return: no \"path\" string".into()))?
                     .to_owned(),
+                token: match &v["token"] {
+                    Value::Null => None,
+                    Value::String(t) => Some(t.clone()),
+                    _ => return Err(BadRequest("return: \"token\" is not a string".into())),
+                },
             },
             "stats" => Request::Stats,
             "prezero" => Request::Prezero {
@@ -87,7 +95,11 @@ impl Request {
             } => {
                 json!({"op": "take", "bytes": bytes, "fd": fd, "wait": wait, "lease": lease})
             }
-            Request::Return { path } => json!({"op": "return", "path": path}),
+            Request::Return { path, token: None } => json!({"op": "return", "path": path}),
+            Request::Return {
+                path,
+                token: Some(t),
+            } => json!({"op": "return", "path": path, "token": t}),
             Request::Stats => json!({"op": "stats"}),
             Request::Prezero { pages } => json!({"op": "prezero", "pages": pages}),
             Request::Watch => json!({"op": "watch"}),
@@ -116,6 +128,11 @@ mod tests {
             },
             Request::Return {
                 path: "/mnt/x".into(),
+                token: None,
+            },
+            Request::Return {
+                path: "x".into(),
+                token: Some("00ff".into()),
             },
             Request::Stats,
             Request::Prezero { pages: 7 },
@@ -135,6 +152,7 @@ mod tests {
             r#"{"op":"take"}"#,
             r#"{"op":"take","bytes":-1}"#,
             r#"{"op":"return"}"#,
+            r#"{"op":"return","path":"x","token":7}"#,
             r#"{"op":"fly"}"#,
             r#"{"op":"prezero","pages":"x"}"#,
         ] {

@@ -1,10 +1,9 @@
-//! The control socket: accepts clients on a Unix stream socket, one thread per client,
-//! and answers the [`proto`](crate::proto) requests from a [`Pool`]. Shuts down cleanly
-//! on SIGINT / SIGTERM ([`Server::stop_on_signals`]) or [`Server::stop`].
+//! The control socket: accepts clients on a Unix stream socket, one thread per client up
+//! to a limit ([`Limits`]), and answers the [`proto`](crate::proto) requests from a
+//! [`Pool`]. Shuts down cleanly on SIGINT / SIGTERM ([`Server::stop_on_signals`]) or
+//! [`Server::stop`]: no new connection, the pool stopped, every client connection closed
+//! and its thread done, then the state file written.
 
-use std::io::{BufRead, BufReader, IoSlice, Write};
-use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,11 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-use serde_json::{json, Value};
 
+use crate::connection::Connections;
+pub use crate::connection::Limits;
 use crate::daemon::{Pool, PoolError};
-use crate::proto::{error_reply, Request};
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +42,8 @@ pub struct Server {
     listener: UnixListener,
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    limits: Limits,
+    conns: Arc<Connections>,
 }
 
 impl Server {
@@ -69,7 +69,15 @@ impl Server {
             listener,
             path: path.to_owned(),
             stop: Arc::default(),
+            limits: Limits::default(),
+            conns: Arc::default(),
         })
+    }
+
+    /// The same server with other bounds on its clients.
+    pub fn with_limits(mut self, limits: Limits) -> Server {
+        self.limits = limits;
+        self
     }
 
     /// A handle that makes [`Server::run`] return (checked every 100 ms).
@@ -134,216 +142,17 @@ impl Server {
             }
         };
         let _ = std::fs::remove_file(&self.path);
+        // Stop the pool first (takes waiting or zeroing inline fail, workers stop after
+        // their page), then close the clients and wait for their threads (their leases
+        // end), then write the state file once more: nothing changes after it.
+        self.pool.shutdown()?;
+        self.conns.close_all(Duration::from_secs(10));
         self.pool.shutdown()?;
         tracing::info!("pool stopped; state file written");
         result
     }
 
     fn spawn_client(&self, stream: UnixStream) {
-        let pool = Arc::clone(&self.pool);
-        let spawned = std::thread::Builder::new()
-            .name("zeronce-pool-client".into())
-            .spawn(move || {
-                if let Err(e) = serve_client(&pool, stream) {
-                    tracing::debug!(%e, "client connection ended");
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(%e, "no thread for a client");
-        }
+        self.conns.serve(&self.pool, stream, self.limits);
     }
-}
-
-/// Sends one reply line, with `fd` attached when given.
-fn send_line(
-    stream: &UnixStream,
-    reply: &Value,
-    fd: Option<std::os::fd::BorrowedFd<'_>>,
-) -> std::io::Result<()> {
-    let line = format!("{reply}\n");
-    let mut sent = 0;
-    let fds;
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if let Some(fd) = fd {
-        fds = [fd];
-        control.push(SendAncillaryMessage::ScmRights(&fds));
-    }
-    while sent < line.len() {
-        let n = sendmsg(
-            stream,
-            &[IoSlice::new(&line.as_bytes()[sent..])],
-            &mut control,
-            SendFlags::NOSIGNAL,
-        )?;
-        sent += n;
-        // The descriptor went with the first bytes.
-        control = SendAncillaryBuffer::default();
-    }
-    Ok(())
-}
-
-/// Serves one connection; files it leased and did not return are orphaned when it ends,
-/// however it ends.
-fn serve_client(pool: &Pool, stream: UnixStream) -> std::io::Result<()> {
-    let mut leases = Vec::new();
-    let result = serve_requests(pool, stream, &mut leases);
-    for file in leases {
-        if let Err(e) = pool.end_lease(file) {
-            tracing::error!(%e, "ending a lease failed");
-        }
-    }
-    result
-}
-
-fn serve_requests(
-    pool: &Pool,
-    stream: UnixStream,
-    leases: &mut Vec<crate::state::FileId>,
-) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    let reader = BufReader::new(stream.try_clone()?);
-    for line in reader.lines() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let request = match Request::parse(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%e, "bad request");
-                send_line(&stream, &error_reply("bad_request", &e.to_string()), None)?;
-                continue;
-            }
-        };
-        match request {
-            Request::Watch => return watch(pool, stream),
-            Request::Take {
-                bytes,
-                fd,
-                wait,
-                lease,
-            } => match pool.take(bytes, wait) {
-                Ok(taken) => {
-                    if lease {
-                        // Before the client learns the path: a client dying from here
-                        // on orphans the file.
-                        match pool.lease(taken.file) {
-                            Ok(()) => leases.push(taken.file),
-                            Err(e) => tracing::error!(%e, "lease not recorded; the file is held"),
-                        }
-                    }
-                    let reply = json!({
-                        "ok": true, "path": taken.path, "bytes": taken.bytes,
-                        "served": taken.served.name(), "fd": fd,
-                    });
-                    let dup = if fd { Some(pool.dup(taken.file)) } else { None };
-                    match dup {
-                        Some(Err(e)) => {
-                            // The file is the client's (recorded held): it can open the path.
-                            let reply = json!({
-                                "ok": true, "path": taken.path, "bytes": taken.bytes,
-                                "served": taken.served.name(), "fd": false,
-                                "fd_error": e.to_string(),
-                            });
-                            send_line(&stream, &reply, None)?;
-                        }
-                        Some(Ok(owned)) => send_line(&stream, &reply, Some(owned.as_fd()))?,
-                        None => send_line(&stream, &reply, None)?,
-                    }
-                }
-                Err(e) => send_line(&stream, &pool_error(&e), None)?,
-            },
-            Request::Return { path } => {
-                let reply = match pool.give_back(Path::new(&path)) {
-                    Ok(p) => {
-                        leases.retain(|&f| pool.path(f) != p);
-                        json!({"ok": true, "path": p})
-                    }
-                    Err(e) => pool_error(&e),
-                };
-                send_line(&stream, &reply, None)?;
-            }
-            Request::Stats => {
-                let mut v = pool.stats().to_json();
-                v["ok"] = true.into();
-                v["nodes"] = node_counters(pool.stats().page_bytes);
-                send_line(&stream, &v, None)?;
-            }
-            Request::Prezero { pages } => {
-                let r = pool.prezero(pages);
-                let reply = json!({
-                    "ok": true, "pages_zeroed": r.pages_zeroed,
-                    "pages_repopulated": r.pages_repopulated,
-                    "elapsed_ms": r.elapsed.as_secs_f64() * 1e3,
-                    "zeroable_left": r.zeroable_left,
-                });
-                send_line(&stream, &reply, None)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Streams events until the client hangs up or the pool stops.
-fn watch(pool: &Pool, mut stream: UnixStream) -> std::io::Result<()> {
-    let events = pool.subscribe();
-    send_line(&stream, &json!({"ok": true}), None)?;
-    while !pool.is_shut_down() {
-        match events.recv_timeout(Duration::from_millis(200)) {
-            Ok(e) => {
-                let line = json!({
-                    "event": "zeroable", "pages": e.zeroable, "trailing": e.trailing,
-                    "at_ms": e.at.as_secs_f64() * 1e3,
-                });
-                stream.write_all(format!("{line}\n").as_bytes())?;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    Ok(())
-}
-
-/// An error reply for a pool error, with a stable kind.
-fn pool_error(e: &PoolError) -> Value {
-    use crate::state::StateError;
-    let kind = match e {
-        PoolError::State(StateError::TooLarge { .. }) => "too_large",
-        PoolError::State(StateError::Exhausted { .. }) => "exhausted",
-        PoolError::State(StateError::Unknown(_)) => "unknown_file",
-        PoolError::State(StateError::NotHeld(_)) => "not_held",
-        PoolError::ShuttingDown => "shutting_down",
-        _ => "internal",
-    };
-    tracing::info!(%e, kind, "request refused");
-    error_reply(kind, &e.to_string())
-}
-
-/// The kernel's per-node counters of this page size (empty without NUMA sysfs).
-fn node_counters(page_bytes: u64) -> Value {
-    let kb = page_bytes / 1024;
-    let mut nodes = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/sys/devices/system/node") else {
-        return Value::Array(nodes);
-    };
-    let mut entries: Vec<_> = dir
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let id: u32 = name.strip_prefix("node")?.parse().ok()?;
-            Some((id, e.path()))
-        })
-        .collect();
-    entries.sort();
-    for (id, path) in entries {
-        let read = |f: &str| -> Option<u64> {
-            let p = path.join(format!("hugepages/hugepages-{kb}kB/{f}"));
-            std::fs::read_to_string(p).ok()?.trim().parse().ok()
-        };
-        if let (Some(total), Some(free)) = (read("nr_hugepages"), read("free_hugepages")) {
-            nodes.push(json!({"node": id, "kernel_total": total, "kernel_free": free}));
-        }
-    }
-    Value::Array(nodes)
 }

@@ -93,7 +93,12 @@ impl Shared {
         let (generation, text) = {
             let inner = self.lock();
             let p = &inner.pool;
-            let text = persist::render(p.page_bytes(), p.file_bytes(), p.persisted());
+            let text = persist::render_with_tokens(
+                p.page_bytes(),
+                p.file_bytes(),
+                p.persisted(),
+                p.tokens(),
+            );
             (p.generation(), text)
         };
         let mut last = lock(&self.persisted_generation);

@@ -9,7 +9,8 @@
 //! | file recorded held by a client | `Held` |
 //! | taken while `Ready` | `Held` |
 //! | taken while `Dirty` (no file ready) | `Zeroing { inline }`, then `Held` |
-//! | returned by its client | `Dirty` (holes unchecked, every page dirty) |
+//! | returned by its taker ([`PoolState::return_file`]; anyone else is refused) | `Dirty` (holes unchecked, every page dirty) |
+//! | returned by its taker while another process still has it open or mapped | `Orphaned` |
 //! | taken on a lease ([`PoolState::lease`]) | `Leased` |
 //! | the lease's connection closed without a return | `Orphaned` |
 //! | orphaned, and no process has it open or mapped ([`PoolState::reclaim`]) | `Dirty` (as returned) |
@@ -155,6 +156,11 @@ pub struct PoolCounters {
     pub take_failures: u64,
     /// Files returned.
     pub returns: u64,
+    /// Files returned while another process still had them open or mapped: held as
+    /// orphaned (not zeroed) until unused.
+    pub returns_in_use: u64,
+    /// Returns refused because the client was not the file's taker.
+    pub returns_refused: u64,
     /// Pages zeroed by the daemon in the background (workers, `prezero`).
     pub pages_zeroed_background: u64,
     /// Pages zeroed by the daemon on a take request.
@@ -217,6 +223,12 @@ pub enum StateError {
     /// The file is not held (double return, or return of a free file).
     #[error("{0} is not held by a client")]
     NotHeld(String),
+    /// The file was taken by someone else: another connection, without its token.
+    #[error("{0} was taken by another client: return it on the connection that took it, or with the token its take returned")]
+    NotOwner(String),
+    /// A take of 0 bytes.
+    #[error("a take of 0 bytes: ask for at least 1 byte")]
+    ZeroBytes,
     /// Lease or reclaim of a file not in the state it needs.
     #[error("file {0:?} is not {1}")]
     NotInState(FileId, &'static str),
@@ -239,6 +251,8 @@ pub enum StateError {
 struct File {
     name: String,
     state: FileState,
+    /// Its taker, while taken (held, leased or orphaned).
+    owner: Option<Owner>,
 }
 
 /// The pool of files; see the module docs.
@@ -280,7 +294,11 @@ impl PoolState {
             if matches!(state, FileState::Dirty { .. }) {
                 pool.work.push_back(id);
             }
-            pool.files.push(File { name, state });
+            pool.files.push(File {
+                name,
+                state,
+                owner: None,
+            });
         }
         pool
     }
@@ -352,7 +370,11 @@ impl PoolState {
 
     fn set(&mut self, file: FileId, state: FileState) {
         let before = self.persisted_one(file);
-        self.files[file.0].state = state;
+        let f = &mut self.files[file.0];
+        if !taken(&state) {
+            f.owner = None;
+        }
+        f.state = state;
         if self.persisted_one(file) != before {
             self.generation += 1;
         }
@@ -365,6 +387,10 @@ impl PoolState {
     /// Hands out a file of at least `bytes`: a ready one if any, else a dirty one the
     /// caller zeroes inline. `Exhausted` when none is free (`zeroing` > 0: wait, retry).
     pub fn take(&mut self, bytes: u64) -> Result<Take, StateError> {
+        if bytes == 0 {
+            self.counters.take_failures += 1;
+            return Err(StateError::ZeroBytes);
+        }
         if bytes > self.file_bytes() {
             self.counters.take_failures += 1;
             return Err(StateError::TooLarge {
@@ -389,24 +415,6 @@ impl PoolState {
             .filter(|f| matches!(f.state, FileState::Zeroing { .. }))
             .count() as u64;
         Err(StateError::Exhausted { zeroing })
-    }
-
-    /// A client gives `name` back: it becomes dirty work.
-    pub fn give_back(&mut self, name: &str) -> Result<FileId, StateError> {
-        let file = self
-            .find(name)
-            .ok_or_else(|| StateError::Unknown(name.to_owned()))?;
-        if !matches!(
-            self.files[file.0].state,
-            FileState::Held | FileState::Leased | FileState::Orphaned
-        ) {
-            return Err(StateError::NotHeld(name.to_owned()));
-        }
-        let state = self.unchecked(true);
-        self.set(file, state);
-        self.work.push_back(file);
-        self.counters.returns += 1;
-        Ok(file)
     }
 
     /// Whether a free file waits for a job (dirty pages, or holes to check).
@@ -557,6 +565,15 @@ impl PoolState {
     }
 }
 
+/// Whether a file in `state` is a client's (held, leased, or orphaned waiting for its
+/// last user).
+fn taken(state: &FileState) -> bool {
+    matches!(
+        state,
+        FileState::Held | FileState::Leased | FileState::Orphaned
+    )
+}
+
 /// How a file in `state` is recorded.
 fn persisted_of(state: &FileState) -> Persisted {
     match state {
@@ -568,5 +585,8 @@ fn persisted_of(state: &FileState) -> Persisted {
 }
 
 mod lease;
+mod owner;
+
+pub use owner::{Claim, Owner};
 #[cfg(test)]
 mod tests;

@@ -50,7 +50,8 @@ impl Stats {
             "counters": {
                 "takes": c.takes, "takes_prezeroed": c.takes_prezeroed,
                 "takes_zeroed_inline": c.takes_zeroed_inline, "take_failures": c.take_failures,
-                "returns": c.returns,
+                "returns": c.returns, "returns_in_use": c.returns_in_use,
+                "returns_refused": c.returns_refused,
                 "pages_zeroed_background": c.pages_zeroed_background,
                 "pages_zeroed_inline": c.pages_zeroed_inline,
                 "pages_repopulated": c.pages_repopulated,

@@ -1,6 +1,8 @@
 //! Helpers shared by the tests of the `zeronce` program (each test file uses some).
 #![allow(dead_code)]
 
+pub mod pool;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

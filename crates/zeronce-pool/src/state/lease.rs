@@ -38,6 +38,18 @@ impl PoolState {
         Ok(())
     }
 
+    /// A free file with work that another process still has open or mapped (found at
+    /// start: its record was lost, or it is used without having been taken): held as
+    /// orphaned, never zeroed nor handed out, until [`PoolState::reclaim`].
+    pub fn hold_until_unused(&mut self, file: FileId) -> Result<(), StateError> {
+        if !matches!(self.files[file.0].state, FileState::Dirty { .. }) {
+            return Err(StateError::NotInState(file, "dirty"));
+        }
+        self.work.retain(|&f| f != file);
+        self.set(file, FileState::Orphaned);
+        Ok(())
+    }
+
     fn transition(
         &mut self,
         file: FileId,

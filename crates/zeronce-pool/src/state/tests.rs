@@ -258,3 +258,147 @@ fn an_orphaned_lease_is_never_work_until_reclaimed() {
     pool.give_back(pool.name(h).to_owned().as_str()).unwrap();
     assert_eq!(pool.counts().orphaned, 0);
 }
+
+/// Takes a ready file and records `connection` (token `t-CONNECTION`) as its taker.
+fn take_as(pool: &mut PoolState, connection: u64) -> FileId {
+    let Ok(Take::Ready(f)) = pool.take(PAGE) else {
+        panic!("a ready file")
+    };
+    let token = format!("t-{connection}");
+    pool.set_owner(
+        f,
+        Owner {
+            connection: Some(connection),
+            token,
+        },
+    )
+    .unwrap();
+    f
+}
+
+#[test]
+fn only_the_taker_returns_a_file_by_its_connection_or_its_token() {
+    let mut pool = PoolState::new(PAGE, 4, names(2));
+    zero_all(&mut pool);
+    let f = take_as(&mut pool, 1);
+    let name = pool.name(f).to_owned();
+    let other = |token| Claim {
+        connection: 2,
+        token,
+    };
+    for claim in [other(None), other(Some("t-2")), other(Some("t-1x"))] {
+        assert_eq!(
+            pool.return_file(&name, Some(&claim), false),
+            Err(StateError::NotOwner(name.clone()))
+        );
+    }
+    assert_eq!(
+        pool.state(f),
+        &FileState::Held,
+        "a refused return changes nothing"
+    );
+    assert_eq!(pool.counters().returns_refused, 3);
+    assert!(pool.held_by(1) && !pool.held_by(2));
+    assert_eq!(pool.tokens(), vec![(name.as_str(), "t-1")]);
+    // The token, from another connection (a restarted VMM).
+    pool.return_file(&name, Some(&other(Some("t-1"))), false)
+        .unwrap();
+    assert!(pool.owner(f).is_none() && pool.tokens().is_empty());
+    zero_all(&mut pool);
+    // The taker's own connection, without a token (clients before tokens).
+    let g = take_as(&mut pool, 3);
+    let claim = Claim {
+        connection: 3,
+        token: None,
+    };
+    pool.return_file(pool.name(g).to_owned().as_str(), Some(&claim), false)
+        .unwrap();
+    assert_eq!(pool.counters().returns, 2);
+}
+
+#[test]
+fn a_file_returned_while_in_use_is_orphaned_not_zeroed_and_zero_bytes_are_refused() {
+    let mut pool = PoolState::new(PAGE, 4, names(1));
+    zero_all(&mut pool);
+    assert_eq!(pool.take(0), Err(StateError::ZeroBytes));
+    let f = take_as(&mut pool, 1);
+    let name = pool.name(f).to_owned();
+    let mine = Claim {
+        connection: 1,
+        token: None,
+    };
+    pool.return_file(&name, Some(&mine), true).unwrap();
+    assert_eq!(pool.state(f), &FileState::Orphaned);
+    assert_eq!(persisted_of(&pool, "f0"), Persisted::Orphaned);
+    assert!(
+        pool.next_job(u64::MAX).is_none(),
+        "never zeroed while in use"
+    );
+    assert!(!pool.held_by(1));
+    assert_eq!(
+        pool.return_file(&name, Some(&mine), false),
+        Err(StateError::NotOwner(name.clone())),
+        "the connection gave it up; the token still returns it"
+    );
+    pool.reclaim(f).unwrap();
+    assert_eq!(pool.counts().zeroable, 4);
+    let c = pool.counters();
+    assert_eq!(
+        (c.returns, c.returns_in_use, c.orphans_reclaimed),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn tokens_survive_a_restart_and_untokened_held_files_return_as_before() {
+    let mut pool = PoolState::new(PAGE, 4, names(2));
+    zero_all(&mut pool);
+    let f = take_as(&mut pool, 1);
+    let name = pool.name(f).to_owned();
+    let mut restarted = PoolState::new(
+        PAGE,
+        4,
+        pool.persisted()
+            .into_iter()
+            .map(|(n, p)| (n.to_owned(), Some(p))),
+    );
+    restarted.restore_token(f, "t-1".into());
+    let stranger = Claim {
+        connection: 1,
+        token: None,
+    };
+    assert_eq!(
+        restarted.return_file(&name, Some(&stranger), false),
+        Err(StateError::NotOwner(name.clone())),
+        "connection ids do not survive a restart"
+    );
+    let with_token = Claim {
+        token: Some("t-1"),
+        ..stranger
+    };
+    restarted
+        .return_file(&name, Some(&with_token), false)
+        .unwrap();
+    let held = vec![("a".to_owned(), Some(Persisted::Held))];
+    let mut legacy = PoolState::new(PAGE, 4, held);
+    legacy.return_file("a", Some(&stranger), false).unwrap();
+}
+
+#[test]
+fn a_free_file_in_use_at_start_is_held_until_unused() {
+    let mut pool = PoolState::new(PAGE, 4, names(2));
+    let f = FileId(1);
+    pool.hold_until_unused(f).unwrap();
+    assert_eq!(pool.counts().orphaned, 4);
+    assert_eq!(pool.next_job(u64::MAX).map(|j| j.file), Some(FileId(0)));
+    assert!(
+        pool.next_job(u64::MAX).is_none(),
+        "never zeroed while in use"
+    );
+    assert_eq!(
+        pool.hold_until_unused(f),
+        Err(StateError::NotInState(f, "dirty"))
+    );
+    pool.reclaim(f).unwrap();
+    assert_eq!(pool.next_job(u64::MAX).map(|j| j.file), Some(f));
+}

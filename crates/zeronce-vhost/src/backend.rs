@@ -40,7 +40,7 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The vhost-user protocol features spoken: acknowledged replies, the back-end request
 /// channel (for `CONFIG_CHANGE_MSG`), the configuration space messages, `MQ` (so that
 /// `GET_QUEUE_NUM` is answered: crosvm asks it only with `MQ`, and otherwise creates two
-/// queues, without stats or reporting) and `RESET_DEVICE`.
+/// queues, too few for a guest that negotiates stats or reporting) and `RESET_DEVICE`.
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::BACKEND_REQ

@@ -176,7 +176,8 @@ fn crosvm_gets_every_queue_and_keeps_the_guests_poison() {
 /// NEED_REPLY (REPLY_ACK); then `vhost_dev_init` SET_OWNER and GET_FEATURES again.
 /// `vub_get_config` reads the whole config space (offset 0, config_size, flags 0);
 /// `vub_set_config` forwards a guest write as the whole space at offset 0, as QEMU last
-/// read it; `vub_start` (DRIVER_OK) sends SET_FEATURES with bit 30.
+/// read it, asking for a reply (REPLY_ACK); `vub_start` (DRIVER_OK) sends SET_FEATURES
+/// with bit 30.
 #[test]
 fn qemu_vhost_user_base_whole_space_config_writes_reach_the_device() {
     let d = Daemon::start("qemu");
@@ -212,7 +213,9 @@ fn qemu_vhost_user_base_whole_space_config_writes_reach_the_device() {
     // of the space with the poison in it (num_pages 0 there, 256 in the device).
     let mut space = [0u8; 16];
     space[12..].copy_from_slice(&POISON.to_le_bytes());
-    send(&s, SET_CONFIG, 0, &config_msg(0, 0, &space), &[]);
+    // vhost_user_set_config asks for a reply when REPLY_ACK is negotiated.
+    send(&s, SET_CONFIG, NEED_REPLY, &config_msg(0, 0, &space), &[]);
+    assert_eq!(ack(&s, SET_CONFIG), 0, "the whole-space write is accepted");
     let c = get_config(&s, 0, 16, 0);
     assert_eq!(le32(&c, 12), POISON, "the poison arrived");
     assert_eq!(le32(&c, 0), 256, "the device's own target is kept");

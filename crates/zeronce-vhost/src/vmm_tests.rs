@@ -271,3 +271,42 @@ fn virtio_uml_resending_set_features_without_page_poison_and_bit_30() {
         "the second set is the negotiated one"
     );
 }
+
+/// `RESET_DEVICE` (QEMU's `vhost_user_reset_device` when the back-end offers it; in
+/// place of `RESET_OWNER`) is a device reset: the negotiated features and the
+/// driver-written config fields go, the operator's target stays, and the connection
+/// keeps being served.
+#[test]
+fn reset_device_clears_the_drivers_state_and_keeps_the_target() {
+    const RESET_DEVICE_MSG: u32 = 34;
+    let d = Daemon::start("reset");
+    crate::control::request(&d.control, &serde_json::json!({"op": "set", "pages": 64})).unwrap();
+    let s = UnixStream::connect(&d.socket).unwrap();
+    send(&s, SET_OWNER, 0, &[], &[]);
+    get_u64(&s, GET_FEATURES);
+    let proto = get_u64(&s, GET_PROTOCOL_FEATURES);
+    assert_ne!(proto & RESET_DEVICE, 0, "RESET_DEVICE offered: {proto:#x}");
+    let proto = REPLY_ACK | CONFIG | RESET_DEVICE;
+    send(&s, SET_PROTOCOL_FEATURES, 0, &u64_payload(proto), &[]);
+    driver_ok(&s);
+    send(
+        &s,
+        SET_CONFIG,
+        NEED_REPLY,
+        &config_msg(12, 0, &POISON.to_le_bytes()),
+        &[],
+    );
+    assert_eq!(ack(&s, SET_CONFIG), 0);
+    send(&s, RESET_DEVICE_MSG, NEED_REPLY, &[], &[]);
+    assert_eq!(ack(&s, RESET_DEVICE_MSG), 0);
+    let c = get_config(&s, 0, 16, 0);
+    assert_eq!(
+        (le32(&c, 0), le32(&c, 12)),
+        (64, 0),
+        "target kept, poison cleared"
+    );
+    let status = crate::control::request(&d.control, &serde_json::json!({"op": "status"})).unwrap();
+    assert_eq!(status["features"], serde_json::Value::Null, "{status}");
+    driver_ok(&s);
+    assert_eq!(le32(&get_config(&s, 0, 4, 0), 0), 64, "still served");
+}

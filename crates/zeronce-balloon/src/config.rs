@@ -79,20 +79,31 @@ impl ConfigSpace {
         Ok(())
     }
 
-    /// A driver write of `data` at `offset`: only inside `actual` and `poison_val`.
+    /// A driver write of `data` at `offset`: its bytes inside `actual` and `poison_val`
+    /// are written, its bytes over the device-owned fields are ignored. A write that
+    /// touches no driver-writable byte is refused. Ignoring rather than refusing a write
+    /// that spans both is what QEMU needs: its generic vhost-user device
+    /// (`hw/virtio/vhost-user-base.c`, `vub_set_config`) forwards every guest config
+    /// write as the whole 16-byte space at offset 0, device fields included, as they
+    /// were when QEMU last read them (zeros before any read): refused, the guest's
+    /// `poison_val` would never arrive, and the device would discard pages it must keep.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), BalloonError> {
         let r = Self::check(offset, data.len())?;
         let writable = |i: usize| {
             let i = i as u64;
             (ACTUAL..ACTUAL + 4).contains(&i) || (POISON_VAL..POISON_VAL + 4).contains(&i)
         };
-        if !r.clone().all(writable) {
+        if !data.is_empty() && !r.clone().any(writable) {
             return Err(BalloonError::ConfigReadOnly {
                 offset,
                 len: data.len(),
             });
         }
-        self.bytes[r].copy_from_slice(data);
+        for (i, b) in r.zip(data) {
+            if writable(i) {
+                self.bytes[i] = *b;
+            }
+        }
         Ok(())
     }
 }
@@ -126,6 +137,29 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_space_write_through_sets_only_the_driver_fields() {
+        // QEMU's vhost-user-base: the guest wrote poison_val, QEMU forwards all 16 bytes
+        // as it last saw them (here: before any read, so num_pages reads 0 to it).
+        let mut c = ConfigSpace::default();
+        c.set_num_pages(256);
+        let mut seen = [0u8; LEN];
+        seen[12..16].copy_from_slice(&0xaaaa_aaaau32.to_le_bytes());
+        seen[4..8].copy_from_slice(&3u32.to_le_bytes());
+        c.write(0, &seen).unwrap();
+        assert_eq!(c.poison_val(), 0xaaaa_aaaa);
+        assert_eq!(c.actual(), 3);
+        assert_eq!(c.num_pages(), 256, "device-owned bytes ignored");
+        // Spanning a device field and a driver field: the driver's part only.
+        c.write(3, &[9, 7]).unwrap();
+        assert_eq!((c.num_pages(), c.actual() & 0xff), (256, 7));
+        c.write(11, &[9, 0]).unwrap();
+        assert_eq!(c.poison_val(), 0xaaaa_aa00);
+        let mut id = [0u8; 4];
+        c.read(8, &mut id).unwrap();
+        assert_eq!(id, [0; 4], "free_page_hint_cmd_id untouched");
+    }
+
+    #[test]
     fn out_of_range_and_read_only_accesses_are_refused_without_effect() {
         let mut c = ConfigSpace::default();
         c.set_num_pages(7);
@@ -149,7 +183,7 @@ mod tests {
                 "{off}+{len}"
             );
         }
-        for (off, len) in [(0u64, 4usize), (3, 2), (8, 1), (11, 2)] {
+        for (off, len) in [(0u64, 4usize), (3, 1), (8, 1), (8, 4)] {
             let e = c.write(off, &vec![1; len]).unwrap_err();
             assert_eq!(e.kind(), Some(MalformedKind::ConfigReadOnly), "{off}+{len}");
         }

@@ -104,7 +104,11 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     }
 
     /// The driver's feature acknowledgement, called once when the driver sets
-    /// FEATURES_OK, with the full 64-bit set it wrote. Resets any previous state.
+    /// FEATURES_OK, with the full 64-bit set it wrote. Drops any previous queues and held
+    /// work ([`BalloonDevice::stop`]) but keeps the configuration space: a vhost-user
+    /// front-end may send the features after the driver wrote `poison_val` (QEMU and
+    /// crosvm send `SET_FEATURES` when the device starts, at DRIVER_OK), and a poison
+    /// lost there would let the device discard reports it must keep.
     /// Unoffered bits are refused (the transport must then not set FEATURES_OK).
     pub fn ack_features(&mut self, acked: FeatureSet) -> Result<Negotiated, BalloonError> {
         let extra = acked.bits() & !self.device_features().bits();
@@ -112,7 +116,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             return Err(self.refuse(BalloonError::UnofferedFeature { bits: extra }));
         }
         let neg = Negotiated::new(self.device_features(), acked);
-        self.reset();
+        self.stop();
         self.state = State::FeaturesOk(neg);
         tracing::debug!(?neg, "features negotiated");
         Ok(neg)
@@ -141,13 +145,26 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         Ok(())
     }
 
-    /// Device reset: drops queues, held requests (not discarded), partial host pages and
-    /// the held stats buffer; the driver-written config fields go back to zero.
-    pub fn reset(&mut self) {
-        self.state = State::Reset;
+    /// Stops serving without a device reset (a vhost-user `GET_VRING_BASE`): drops the
+    /// queues, held requests (not discarded), partial host pages and the held stats
+    /// buffer, and keeps the negotiated features and the whole configuration space
+    /// (`actual`, `poison_val`), so that the front-end can start the rings again with
+    /// their saved indices and the guest need not write its poison again.
+    pub fn stop(&mut self) {
+        self.state = match self.state {
+            State::FeaturesOk(neg) | State::Active { neg, .. } => State::FeaturesOk(neg),
+            State::Reset => State::Reset,
+        };
         self.inflight.clear();
         self.partial.clear();
         self.stats_head = None;
+    }
+
+    /// Device reset: [`BalloonDevice::stop`], the negotiated features forgotten, and the
+    /// driver-written config fields back to zero.
+    pub fn reset(&mut self) {
+        self.stop();
+        self.state = State::Reset;
         let target = self.config.num_pages();
         self.config = ConfigSpace::default();
         self.config.set_num_pages(target);

@@ -38,11 +38,15 @@ pub const PROTOCOL_FEATURES_BIT: u64 = 1 << 30;
 pub const MAX_QUEUE_SIZE: usize = 1024;
 
 /// The vhost-user protocol features spoken: acknowledged replies, the back-end request
-/// channel (for `CONFIG_CHANGE_MSG`) and the configuration space messages.
+/// channel (for `CONFIG_CHANGE_MSG`), the configuration space messages, `MQ` (so that
+/// `GET_QUEUE_NUM` is answered: crosvm asks it only with `MQ`, and otherwise creates two
+/// queues, too few for a guest that negotiates stats or reporting) and `RESET_DEVICE`.
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::BACKEND_REQ
         | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::RESET_DEVICE
 }
 
 /// The device's interrupts over vhost-user.
@@ -268,18 +272,33 @@ impl VhostUserBackend for BalloonBackend {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         let mut g = self.lock();
-        let index = u16::try_from(queue_index).unwrap_or(u16::MAX);
-        let next_avail = g.state.dev.queue(index).map(QueueT::next_avail);
-        if let Some(next_avail) = next_avail {
-            let vrings = lock(&self.inner.irq.vrings);
-            if let Some(v) = vrings.get(usize::from(index)) {
-                v.set_queue_next_avail(next_avail);
-            }
-            drop(vrings);
-            // The device serves all its queues or none: stopping one stops the device;
-            // the next notification after the rings are set up again reactivates it.
-            g.state.dev.reset();
+        let st = &mut *g.state;
+        if !st.dev.is_active() {
+            return Ok(());
         }
+        // The device serves all its queues or none: stopping one stops the device. Every
+        // ring's position goes back to the framework first, so that each GET_VRING_BASE
+        // (this one and the ones that follow for the other rings) answers the device's
+        // own `next_avail`, and SET_VRING_BASE with it resumes where the device was. The
+        // held statistics buffer is given back first (the guest refills the queue, served
+        // after the restart); the next notification after the rings are set up again
+        // reactivates the device with the features and config it had.
+        if let Some(mem) = st.mem.as_ref().map(GuestAddressSpace::memory) {
+            if let Err(e) = st.dev.request_stats(&*mem) {
+                tracing::debug!(error = %e, "stats buffer not returned at stop");
+            }
+        }
+        let vrings = lock(&self.inner.irq.vrings);
+        for (index, v) in vrings.iter().enumerate() {
+            let q = u16::try_from(index).ok().and_then(|i| st.dev.queue(i));
+            if let Some(q) = q {
+                v.set_queue_next_avail(q.next_avail());
+                v.set_queue_next_used(q.next_used());
+            }
+        }
+        drop(vrings);
+        tracing::debug!(queue_index, "rings stopped");
+        st.dev.stop();
         Ok(())
     }
 

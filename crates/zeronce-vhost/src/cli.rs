@@ -86,11 +86,13 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         p.push(".ctl");
         PathBuf::from(p)
     });
+    // PAGE_POISON is offered: a guest that poisons or initialises freed pages
+    // (`init_on_free=1`) negotiates reporting only with it (Linux `virtballoon_validate`).
+    // A guest that does neither drops it, and Linux `virtio_uml` then sends SET_FEATURES
+    // again, without the vhost-user protocol bit; it then also sends no SET_VRING_ENABLE
+    // (rings start enabled, as the vhost-user specification says for that case).
     let mut offer = FeatureOffer {
         deflate_on_oom: args.deflate_on_oom,
-        // A guest that does not poison drops PAGE_POISON, and Linux virtio_uml then
-        // re-sends SET_FEATURES without the vhost-user protocol bit.
-        page_poison: false,
         ..FeatureOffer::default()
     };
     if args.zero_hints {

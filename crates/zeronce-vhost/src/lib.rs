@@ -39,6 +39,10 @@ mod wire;
 
 #[cfg(test)]
 mod protocol_tests;
+#[cfg(test)]
+mod restart_tests;
+#[cfg(test)]
+mod vmm_tests;
 
 pub use backend::{BalloonBackend, DeviceGuard};
 pub use child::ServeProcess;

@@ -16,25 +16,25 @@ use crate::relay::{recv_message, send_message};
 use crate::wire::{self, Header};
 use crate::{control, Hub, ServeConfig};
 
-const GET_FEATURES: u32 = 1;
-const SET_FEATURES: u32 = 2;
-const SET_OWNER: u32 = 3;
-const GET_PROTOCOL_FEATURES: u32 = 15;
-const SET_PROTOCOL_FEATURES: u32 = 16;
-const GET_CONFIG: u32 = 24;
-const NEED_REPLY: u32 = 0x8;
+pub(crate) const GET_FEATURES: u32 = 1;
+pub(crate) const SET_FEATURES: u32 = 2;
+pub(crate) const SET_OWNER: u32 = 3;
+pub(crate) const GET_PROTOCOL_FEATURES: u32 = 15;
+pub(crate) const SET_PROTOCOL_FEATURES: u32 = 16;
+pub(crate) const GET_CONFIG: u32 = 24;
+pub(crate) const NEED_REPLY: u32 = 0x8;
 const REPLY: u32 = 0x4;
 
-struct Daemon {
+pub(crate) struct Daemon {
     hub: Arc<Hub>,
-    socket: PathBuf,
-    control: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) control: PathBuf,
     dir: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
-    fn start(name: &str) -> Daemon {
+    pub(crate) fn start(name: &str) -> Daemon {
         let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -72,7 +72,7 @@ impl Drop for Daemon {
     }
 }
 
-fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
+pub(crate) fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
     let h = Header {
         request,
         flags: wire::VERSION_1 | flags,
@@ -81,30 +81,37 @@ fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd
     send_message(s, &h, payload, fds).unwrap();
 }
 
-fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
+pub(crate) fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
     let m = recv_message(s).unwrap().expect("a reply");
     assert_eq!(m.header.request, request, "reply to the request sent");
     assert_ne!(m.header.flags & REPLY, 0, "flagged as a reply");
     m.payload
 }
 
-fn ack(s: &UnixStream, request: u32) -> u64 {
+pub(crate) fn ack(s: &UnixStream, request: u32) -> u64 {
     u64::from_le_bytes(reply(s, request)[..8].try_into().unwrap())
 }
 
-fn u64_payload(v: u64) -> Vec<u8> {
+pub(crate) fn u64_payload(v: u64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
 
-/// `virtio_uml`'s SET_MEM_TABLE: one region, two slots (72 bytes).
-fn uml_mem_table(size: u64) -> Vec<u8> {
+/// A SET_MEM_TABLE payload: one region at guest address 0, mapped by the front-end at
+/// `0x7f00_0000_0000`, in a struct of `slots` region slots (the unused ones zero).
+pub(crate) fn mem_table(size: u64, slots: usize) -> Vec<u8> {
     let mut p = Vec::new();
     p.extend_from_slice(&1u32.to_le_bytes());
     p.extend_from_slice(&0u32.to_le_bytes());
     for v in [0u64, size, 0x7f00_0000_0000, 0] {
         p.extend_from_slice(&v.to_le_bytes());
     }
-    p.extend_from_slice(&[0u8; 32]);
+    p.resize(8 + 32 * slots, 0);
+    p
+}
+
+/// `virtio_uml`'s SET_MEM_TABLE: one region, two slots (72 bytes).
+fn uml_mem_table(size: u64) -> Vec<u8> {
+    let p = mem_table(size, 2);
     assert_eq!(p.len(), 72);
     p
 }

@@ -1,0 +1,169 @@
+//! A front-end stops the rings (`GET_VRING_BASE` on each, as QEMU's `vhost_dev_stop`
+//! and crosvm's `deactivate_vring` do) and starts them again with the saved indices
+//! (`SET_VRING_BASE`): every ring answers the device's own position, and the device
+//! resumes serving without a new `SET_FEATURES`. The rings live in a memfd the test maps
+//! too, driven by the driver-side ring writer of `zeronce-balloon`.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue};
+
+use crate::protocol_tests::{
+    ack, mem_table, reply, send, u64_payload, Daemon, GET_FEATURES, GET_PROTOCOL_FEATURES,
+    NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
+};
+use crate::wire;
+
+const SET_VRING_NUM: u32 = 8;
+const SET_VRING_ADDR: u32 = 9;
+const SET_VRING_BASE: u32 = 10;
+const GET_VRING_BASE: u32 = 11;
+const SET_VRING_KICK: u32 = 12;
+const SET_VRING_CALL: u32 = 13;
+const SET_VRING_ENABLE: u32 = 18;
+/// Where the front-end "maps" guest address 0 (as in `mem_table`).
+const VA_BASE: u64 = 0x7f00_0000_0000;
+const SIZE: u64 = 4 << 20;
+const QSIZE: u16 = 16;
+
+/// One ring as the front-end holds it: the driver's rings and the kick eventfd.
+struct Ring {
+    queue: DriverQueue,
+    kick: OwnedFd,
+}
+
+fn eventfd() -> OwnedFd {
+    rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap()
+}
+
+fn vring_msg(s: &UnixStream, request: u32, index: u32, num: u32) {
+    let p = [index.to_le_bytes(), num.to_le_bytes()].concat();
+    send(s, request, NEED_REPLY, &p, &[]);
+    assert_eq!(ack(s, request), 0, "request {request} on ring {index}");
+}
+
+/// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK, _ENABLE for ring `index`, from `base`.
+fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
+    vring_msg(s, SET_VRING_NUM, index, u32::from(QSIZE));
+    let a = ring.queue.addrs();
+    let mut p = Vec::new();
+    p.extend_from_slice(&index.to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for gpa in [a.desc, a.used, a.avail] {
+        p.extend_from_slice(&(VA_BASE + gpa.0).to_le_bytes());
+    }
+    p.extend_from_slice(&0u64.to_le_bytes());
+    send(s, SET_VRING_ADDR, NEED_REPLY, &p, &[]);
+    assert_eq!(ack(s, SET_VRING_ADDR), 0);
+    vring_msg(s, SET_VRING_BASE, index, u32::from(base));
+    for (request, fd) in [
+        (SET_VRING_CALL, eventfd()),
+        (SET_VRING_KICK, ring.kick.try_clone().unwrap()),
+    ] {
+        send(
+            s,
+            request,
+            NEED_REPLY,
+            &u64_payload(u64::from(index)),
+            &[fd],
+        );
+        assert_eq!(ack(s, request), 0);
+    }
+    vring_msg(s, SET_VRING_ENABLE, index, 1);
+}
+
+fn stop_ring(s: &UnixStream, index: u32) -> u32 {
+    let p = [index.to_le_bytes(), 0u32.to_le_bytes()].concat();
+    send(s, GET_VRING_BASE, 0, &p, &[]);
+    let r = reply(s, GET_VRING_BASE);
+    assert_eq!(u32::from_le_bytes(r[..4].try_into().unwrap()), index);
+    u32::from_le_bytes(r[4..8].try_into().unwrap())
+}
+
+/// A one-PFN deflate on ring 1, kicked; waits until the device used it.
+fn deflate(mem: &GuestMemoryMmap, ring: &mut Ring) {
+    let pfns = GuestAddress(0x20_0000);
+    vm_memory::Bytes::write_slice(mem, &0x300u32.to_le_bytes(), pfns).unwrap();
+    let head = ring
+        .queue
+        .add_chain(mem, &[DriverBuf::read(pfns.0, 4)])
+        .unwrap();
+    rustix::io::write(&ring.kick, &1u64.to_ne_bytes()).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let used = ring.queue.take_used(mem).unwrap();
+        if !used.is_empty() {
+            assert_eq!(used, vec![(u32::from(head), 0)]);
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the deflate was not served"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn rings_stopped_and_started_again_resume_at_the_devices_indices() {
+    let d = Daemon::start("restart");
+    let s = UnixStream::connect(&d.socket).unwrap();
+    send(&s, SET_OWNER, 0, &[], &[]);
+    send(&s, GET_FEATURES, 0, &[], &[]);
+    reply(&s, GET_FEATURES);
+    send(&s, GET_PROTOCOL_FEATURES, 0, &[], &[]);
+    reply(&s, GET_PROTOCOL_FEATURES);
+    send(&s, SET_PROTOCOL_FEATURES, 0, &u64_payload(1 << 3), &[]); // REPLY_ACK
+                                                                   // VERSION_1 and bit 30 only: two rings, inflate and deflate.
+    send(
+        &s,
+        SET_FEATURES,
+        NEED_REPLY,
+        &u64_payload((1 << 32) | (1 << 30)),
+        &[],
+    );
+    assert_eq!(ack(&s, SET_FEATURES), 0);
+    let memfd = rustix::fs::memfd_create("guest", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, SIZE).unwrap();
+    let file = std::fs::File::from(memfd.try_clone().unwrap());
+    let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
+        GuestAddress(0),
+        SIZE as usize,
+        Some(FileOffset::new(file, 0)),
+    )])
+    .unwrap();
+    send(
+        &s,
+        wire::SET_MEM_TABLE,
+        NEED_REPLY,
+        &mem_table(SIZE, 1),
+        &[memfd],
+    );
+    assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
+    let mut rings: Vec<Ring> = (0..2u64)
+        .map(|i| Ring {
+            queue: DriverQueue::new(&mem, GuestAddress(0x4000 * i), QSIZE).unwrap(),
+            kick: eventfd(),
+        })
+        .collect();
+    for (i, r) in rings.iter().enumerate() {
+        start_ring(&s, i as u32, r, 0);
+    }
+    deflate(&mem, &mut rings[1]);
+    deflate(&mem, &mut rings[1]);
+
+    // Stop: ring 0 first (the device stops with it), then ring 1, which must still
+    // answer where the device was, not where the framework last set it (0).
+    let bases = [stop_ring(&s, 0), stop_ring(&s, 1)];
+    assert_eq!(bases, [0, 2], "each ring's next_avail");
+    for (i, r) in rings.iter().enumerate() {
+        start_ring(&s, i as u32, r, bases[i] as u16);
+    }
+    deflate(&mem, &mut rings[1]);
+    let status = crate::control::request(&d.control, &serde_json::json!({"op": "status"})).unwrap();
+    assert_eq!(status["metrics"]["balloon_deflate"], 3, "{status}");
+    assert_eq!(status["metrics"]["malformed"], 0, "{status}");
+}

@@ -21,10 +21,10 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 use zeronce_mm::reporting::{ReportError, ReportingDevice, ZeroGuarantee};
 use zeronce_mm::{PageRange, PAGE_SIZE};
 
-use zeronce_balloon::features::{Feature, FeatureSet, QueueKind, QueueLayout};
 use zeronce_balloon::guest_ring::{DriverBuf, DriverQueue, QueueAddrs};
 use zeronce_balloon::spec::config_layout::POISON_VAL;
 use zeronce_balloon::spec::{StatTag, STAT_ENTRY_SIZE, STAT_TAG_COUNT};
+use zeronce_balloon::{Feature, FeatureSet, QueueKind, QueueLayout};
 
 use crate::negotiate::{choose_features, DriverOptions, MissingFeature};
 use crate::transport::{Transport, TransportError, UsedSignal};

@@ -22,12 +22,12 @@ use std::time::Instant;
 
 use vm_memory::GuestMemoryMmap;
 
-use zeronce_balloon::device::{BalloonDevice, InterruptSignal};
-use zeronce_balloon::discard::Discarder;
-use zeronce_balloon::error::{BalloonError, QueueError};
-use zeronce_balloon::features::FeatureSet;
 use zeronce_balloon::guest_ring::QueueAddrs;
-use zeronce_balloon::metrics::BalloonMetrics;
+use zeronce_balloon::BalloonMetrics;
+use zeronce_balloon::Discarder;
+use zeronce_balloon::FeatureSet;
+use zeronce_balloon::{BalloonDevice, InterruptSignal};
+use zeronce_balloon::{BalloonError, QueueError};
 
 use crate::transport::{Transport, TransportError};
 

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use zeronce_balloon::features::{Feature, FeatureSet};
+use zeronce_balloon::{Feature, FeatureSet};
 
 /// What the guest driver wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ pub fn choose_features(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zeronce_balloon::features::FeatureOffer;
+    use zeronce_balloon::FeatureOffer;
     use Feature::*;
 
     fn all() -> FeatureSet {

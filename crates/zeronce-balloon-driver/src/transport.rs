@@ -4,9 +4,9 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use zeronce_balloon::features::FeatureSet;
 use zeronce_balloon::guest_ring::QueueAddrs;
-use zeronce_balloon::interrupt::InterruptSignal;
+use zeronce_balloon::FeatureSet;
+use zeronce_balloon::InterruptSignal;
 
 /// A transport access the device side refused or could not serve.
 #[derive(Debug, thiserror::Error)]

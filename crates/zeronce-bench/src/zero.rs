@@ -19,7 +19,7 @@ use crate::common::{BenchResult, Common};
 use crate::stats::{time_it, Summary};
 use clap::Args;
 use serde_json::{json, Map, Value};
-use zeronce_mem::zeroing::NON_TEMPORAL_THRESHOLD;
+use zeronce_mem::NON_TEMPORAL_THRESHOLD;
 use zeronce_mem::{BackingKind, GuestRam, RangeError, ZeroKernel};
 
 /// Arguments of `zeronce bench zero`.

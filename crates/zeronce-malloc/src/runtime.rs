@@ -192,7 +192,7 @@ impl Runtime {
                 bytes(pm.resident_bytes())
             );
         } else {
-            out += "zeronce: large arena: never created (no allocation reached the threshold)\n";
+            out += "zeronce: large arena: none (no allocation reached the threshold, or its range could not be reserved: see `ulimit -v`)\n";
         }
         out
     }

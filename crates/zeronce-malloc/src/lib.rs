@@ -11,15 +11,18 @@
 //! not a power of two costs its size in RSS. Everything smaller comes from mimalloc,
 //! compiled in (its own symbols are not exported). Settings: [`config`].
 //!
-//! The C functions are in `ffi.rs`, the only module with `unsafe`; the rest is safe Rust.
+//! The C functions are in `ffi.rs` and the library's own Rust allocator in [`inner`], the
+//! only modules with `unsafe`; the rest is safe Rust.
 //! This library's own Rust allocations (zeronce's tables, its threads) use mimalloc
 //! directly, never the exported `malloc`, so they cannot recurse into it.
 #![deny(unsafe_code)]
 
 pub mod config;
 mod ffi;
+pub mod inner;
 pub mod runtime;
 
-/// Rust allocations inside the library: mimalloc, never the exported `malloc`.
+/// Rust allocations inside the library: mimalloc (big blocks: mappings of their own),
+/// never the exported `malloc`.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: inner::Inner = inner::Inner;

@@ -216,6 +216,11 @@ fn fork_from_a_multithreaded_parent_leaves_every_child_a_working_allocator() {
 }
 
 #[test]
+fn one_large_allocation_costs_the_block_not_the_allocators_tables() {
+    prints_the_same("rss.c", 1);
+}
+
+#[test]
 fn the_c_rules_match_glibc() {
     prints_the_same("edge.c", 0);
 }

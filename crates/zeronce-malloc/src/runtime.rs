@@ -6,7 +6,7 @@ use std::alloc::Layout;
 use std::cell::Cell;
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use zeronce_lib::ProcessBackend;
@@ -14,10 +14,18 @@ use zeronce_mem::global::{in_backend, LargeAlloc};
 
 use crate::config::Config;
 
-/// Settings, the large-block backend, counters.
+/// Arenas a process may have: its own, and one more in each generation of `fork`
+/// children (a child cannot use its parent's: see [`Runtime::fork_child`]). Past the last
+/// generation, large allocations come from mimalloc.
+const GENERATIONS: usize = 4;
+
+/// Settings, the large-block backends (one per `fork` generation), counters.
 pub struct Runtime {
     config: Config,
-    backend: ProcessBackend,
+    backends: [ProcessBackend; GENERATIONS],
+    /// The backend of this process: `backends[generation]`; the ones before it are its
+    /// ancestors' (inherited blocks, never allocated from again).
+    generation: AtomicUsize,
     counters: Counters,
 }
 
@@ -72,25 +80,47 @@ fn init() -> Option<&'static Runtime> {
 
 impl Runtime {
     fn new(config: Config) -> Runtime {
-        let mut backend = ProcessBackend::new()
-            .threshold(config.threshold)
-            .policy(config.policy)
-            .reporting_delay(config.delay)
-            .verify(config.verify);
-        if let Some(z) = config.zeroer() {
-            backend = backend.zeroer(z);
-        }
+        // Each creates its arena only at its first large allocation.
+        let backends = std::array::from_fn(|_| {
+            let backend = ProcessBackend::new()
+                .threshold(config.threshold)
+                .policy(config.policy)
+                .reporting_delay(config.delay)
+                .verify(config.verify);
+            match config.zeroer() {
+                Some(z) => backend.zeroer(z),
+                None => backend,
+            }
+        });
         Runtime {
             config,
-            backend,
+            backends,
+            generation: AtomicUsize::new(0),
             counters: Counters::default(),
         }
+    }
+
+    /// This process's backend, and the ones it inherited (oldest first).
+    #[inline]
+    fn lineage(&self) -> &[ProcessBackend] {
+        &self.backends[..=self.generation.load(Relaxed)]
+    }
+
+    #[inline]
+    fn backend(&self) -> &ProcessBackend {
+        &self.backends[self.generation.load(Relaxed)]
+    }
+
+    /// The backend whose range holds `addr` (no lock).
+    #[inline]
+    fn owner(&self, addr: usize) -> Option<&ProcessBackend> {
+        self.lineage().iter().rev().find(|b| b.owns(addr))
     }
 
     /// Sizes from this one up are offered to zeronce.
     #[inline]
     pub fn threshold(&self) -> usize {
-        self.backend.threshold_bytes()
+        self.backends[0].threshold_bytes()
     }
 
     /// Counts a small allocation (only when the exit report is asked for).
@@ -108,7 +138,7 @@ impl Runtime {
         let served = Layout::from_size_align(size, align)
             .ok()
             .and_then(|layout| {
-                let g = in_backend(|| self.backend.alloc(layout, zeroed))?;
+                let g = in_backend(|| self.backend().alloc(layout, zeroed))?;
                 (g.len() >= size && g.addr() % align == 0).then_some(g.addr())
             });
         let (n, bytes) = match served {
@@ -123,18 +153,21 @@ impl Runtime {
         served
     }
 
-    /// Whether `addr` lies in zeronce's range (no lock).
+    /// Whether `addr` lies in a zeronce range (no lock).
     #[inline]
     pub fn owns(&self, addr: usize) -> bool {
-        self.backend.owns(addr)
+        self.owner(addr).is_some()
     }
 
     /// Frees the zeronce block at `addr`; `false` if it is not a live block.
     pub fn large_free(&self, addr: usize) -> bool {
+        let Some(backend) = self.owner(addr) else {
+            return false;
+        };
         // Through the re-entry guard when this thread is not in the backend yet (its
         // nested allocations then go to mimalloc); directly when it is (a block freed by
         // the backend's own code must still reach it).
-        let mut f = Some(|| self.backend.dealloc(addr));
+        let mut f = Some(|| backend.dealloc(addr));
         let guarded = in_backend(|| f.take().map(|f| f()));
         match (guarded, f.take()) {
             (Some(freed), _) => freed,
@@ -146,14 +179,18 @@ impl Runtime {
 
     /// The usable bytes of the zeronce block at `addr`, `None` if it is not a live block.
     pub fn large_usable(&self, addr: usize) -> Option<usize> {
-        catch_unwind(AssertUnwindSafe(|| self.backend.usable_size(addr)))
+        let backend = self.owner(addr)?;
+        catch_unwind(AssertUnwindSafe(|| backend.usable_size(addr)))
             .ok()
             .flatten()
     }
 
     /// Grows (or shrinks) the zeronce block at `addr` in place to at least `size` bytes.
     pub fn large_grow(&self, addr: usize, size: usize) -> bool {
-        in_backend(|| self.backend.grow(addr, size)).is_some_and(|g| g.len() >= size)
+        let Some(backend) = self.owner(addr) else {
+            return false;
+        };
+        in_backend(|| backend.grow(addr, size)).is_some_and(|g| g.len() >= size)
     }
 
     /// The exit report's lines.
@@ -168,15 +205,17 @@ impl Runtime {
             bytes(c.small_bytes.load(Relaxed)),
             c.small_allocs.load(Relaxed),
         );
+        let backend = self.backend();
         let live = format!(
             "live now {}, peak {}",
-            bytes(self.backend.live_bytes()),
-            bytes(self.backend.peak_live_bytes())
+            bytes(backend.live_bytes()),
+            bytes(backend.peak_live_bytes())
         );
-        if self.backend.is_forked_child() {
-            // The manager is never called in a fork child (see ProcessBackend::fork_child).
-            out += &format!("zeronce: large arena: {live} (a fork child: no counters)\n");
-        } else if let Some(pm) = self.backend.memory() {
+        if backend.is_forked_child() {
+            // The last generation's child: the manager is never called in a fork child
+            // (see ProcessBackend::fork_child).
+            out += &format!("zeronce: large arena: {live} (inherited by a fork child)\n");
+        } else if let Some(pm) = backend.memory() {
             let s = pm.stats();
             out += &format!(
                 "zeronce: memsets skipped {} ({} of {} zeroed allocations); zeroed in the background {}, on allocation {}; reported to the kernel {}\n",
@@ -204,19 +243,26 @@ impl Runtime {
         }
     }
 
-    /// `pthread_atfork` prepare.
+    /// `pthread_atfork` prepare: every backend's table is made consistent for the child.
     pub fn fork_prepare(&'static self) {
-        self.backend.fork_prepare();
+        self.lineage().iter().for_each(ProcessBackend::fork_prepare);
     }
 
     /// `pthread_atfork` parent.
     pub fn fork_parent(&'static self) {
-        self.backend.fork_parent();
+        self.lineage().iter().for_each(ProcessBackend::fork_parent);
     }
 
-    /// `pthread_atfork` child.
+    /// `pthread_atfork` child. The parent's arenas are the child's only for the blocks it
+    /// inherited (their threads are gone, their locks may be held by threads that are
+    /// gone): the child's large allocations come from the next generation's backend, which
+    /// creates an arena, with its own reporting and zeroing threads, at the first of them.
     pub fn fork_child(&'static self) {
-        self.backend.fork_child();
+        let lineage = self.lineage();
+        lineage.iter().for_each(ProcessBackend::fork_child);
+        if lineage.len() < GENERATIONS {
+            self.generation.store(lineage.len(), Relaxed);
+        }
     }
 }
 

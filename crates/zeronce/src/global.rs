@@ -94,9 +94,10 @@ impl Arena {
 }
 
 thread_local! {
-    /// The fork gate held for writing by this thread between `fork_prepare` and
-    /// `fork_parent` / `fork_child`.
-    static FORK_HELD: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+    /// The fork gates this thread holds for writing between `fork_prepare` and
+    /// `fork_parent` / `fork_child`, by backend address (a process may have several).
+    static FORK_HELD: RefCell<Vec<(usize, RwLockWriteGuard<'static, ()>)>> =
+        const { RefCell::new(Vec::new()) };
 }
 
 /// The zeronce side of a [`ZeronceAlloc`]: settings, and the [`ProcessMemory`] it creates
@@ -239,12 +240,14 @@ impl ProcessBackend {
     /// inherits a consistent table of live blocks.
     pub fn fork_prepare(&'static self) {
         let guard = self.gate.write().unwrap_or_else(PoisonError::into_inner);
-        let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(guard));
+        let me = self as *const Self as usize;
+        let _ = FORK_HELD.try_with(|h| h.borrow_mut().push((me, guard)));
     }
 
     /// For `pthread_atfork`'s parent handler: lets large calls go on.
     pub fn fork_parent(&'static self) {
-        let _ = FORK_HELD.try_with(|h| h.borrow_mut().take());
+        let me = self as *const Self as usize;
+        let _ = FORK_HELD.try_with(|h| h.borrow_mut().retain(|(b, _)| *b != me));
     }
 
     /// For `pthread_atfork`'s child handler. The memory manager's threads (reporting,

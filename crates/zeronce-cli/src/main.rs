@@ -22,6 +22,7 @@ macro_rules! println {
 
 mod bench;
 mod demo;
+mod exec;
 mod exit;
 mod pool;
 
@@ -63,6 +64,9 @@ enum Command {
         #[command(subcommand)]
         cmd: pool::PoolCmd,
     },
+    /// Run a program with libzeronce.so preloaded (`zeronce exec -- PROGRAM ARGS…`): its
+    /// large allocations come from zeronce's process mode, the rest from mimalloc.
+    Exec(exec::ExecArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => zeronce_vhost::cli::serve(&args).map_err(Into::into),
         Command::Balloon(args) => zeronce_vhost::cli::balloon(&args).map_err(Into::into),
         Command::Pool { cmd } => pool::run(cmd),
+        Command::Exec(args) => exec::run(&args),
     })
 }
 

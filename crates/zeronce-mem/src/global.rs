@@ -49,7 +49,8 @@ impl Grant {
 
 /// The safe backend of a [`SplitAlloc`]. Contract (what the `unsafe impl` relies on): a
 /// [`Grant`] returned by `alloc` or `grow` stays valid and exclusive to the caller until
-/// `dealloc` of its address, and `owns` is true exactly for addresses of live grants.
+/// `dealloc` of its address, and `owns` is true for every address of a live grant (it may
+/// be true for the whole range grants come from: `dealloc` then tells a foreign address).
 /// Implementations must not allocate in `owns`.
 pub trait LargeAlloc: Sync {
     /// Sizes from this one up are offered to the backend.
@@ -57,10 +58,15 @@ pub trait LargeAlloc: Sync {
     /// A grant of at least `layout.size()` bytes aligned to `layout.align()`, reading zero
     /// if `zeroed`; `None`: not served here (the inner allocator is asked).
     fn alloc(&self, layout: Layout, zeroed: bool) -> Option<Grant>;
-    /// Whether `addr` is the address of a live grant of this backend.
+    /// Whether `addr` lies where this backend's grants are (cheap, no lock: it routes a
+    /// free to its allocator).
     fn owns(&self, addr: usize) -> bool;
-    /// Ends the grant at `addr` (owned).
-    fn dealloc(&self, addr: usize);
+    /// Ends the grant at `addr`; `false` if `addr` (owned) is not the address of a live
+    /// grant: a double free, or a pointer never handed out.
+    fn dealloc(&self, addr: usize) -> bool;
+    /// The bytes the caller of the live grant at `addr` may use (at least the size asked
+    /// for); `None` if `addr` is not the address of a live grant.
+    fn usable_size(&self, addr: usize) -> Option<usize>;
     /// Makes the grant at `addr` (owned) at least `new_size` bytes without moving it;
     /// `None` if it cannot (the caller moves it).
     fn grow(&self, addr: usize, new_size: usize) -> Option<Grant>;
@@ -72,8 +78,10 @@ thread_local! {
 }
 
 /// Runs `f` as backend code on this thread, unless it already is (or thread-local storage
-/// is gone, during thread exit): `None` then, or if `f` panicked.
-fn in_backend<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+/// is gone, during thread exit): `None` then, or if `f` panicked. Every call into a
+/// [`LargeAlloc`] that may allocate goes through it, so the backend's own allocations
+/// (and a C `malloc` interposer's) reach the inner allocator instead of re-entering it.
+pub fn in_backend<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
     let entered = IN_BACKEND.try_with(|b| !b.replace(true)).unwrap_or(false);
     if !entered {
         return None;
@@ -149,6 +157,7 @@ unsafe impl<A: GlobalAlloc, L: LargeAlloc> GlobalAlloc for SplitAlloc<A, L> {
         if self.owns(ptr) {
             // A thread inside the backend may free one of its grants (e.g. during a
             // panic): the backend is re-entered for deallocation only through this path.
+            // A `false` (not a live grant) cannot be told to a `GlobalAlloc` caller.
             let addr = ptr as usize;
             let _ = catch_unwind(AssertUnwindSafe(|| self.large.dealloc(addr)));
         } else {

@@ -21,6 +21,10 @@
 //! costs its size, not its block. `realloc` grows in place when the upper buddies are
 //! free. Freed blocks are zeroed in the background, then reported
 //! ([`ReportingSetup::zero_then_report`], by default) or follow a [`DiscardPolicy`].
+//! Live blocks are found by address in one of 64 shards (a hash of the address picks it),
+//! never a lock over all of them, so threads freeing large blocks at once rarely meet.
+//! A `fork` child never calls the memory manager again (its threads are gone; see
+//! [`ProcessBackend::fork_child`]); the `fork_*` methods are for `pthread_atfork`.
 //!
 //! `GlobalAlloc` rules: the `unsafe impl` is `zeronce_mem::global::SplitAlloc`'s (all of
 //! zeronce's `unsafe` code lives in zeronce-mem); it never unwinds, never re-enters this
@@ -29,9 +33,10 @@
 //! worker, background zeroers) always use the inner allocator.
 
 use std::alloc::Layout;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use zeronce_mem::global::{Grant, LargeAlloc, SplitAlloc};
@@ -42,6 +47,7 @@ use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 use crate::block::PageBlock;
 use crate::process::is_internal_thread;
 use crate::process::{DiscardPolicy, ProcessMemory, ReportingSetup};
+use crate::ZeroerConfig;
 
 /// A global allocator: large allocations from zeronce's process mode, the rest from `A`.
 /// See the module docs.
@@ -65,9 +71,35 @@ struct Live {
     used_pages: u64,
 }
 
+/// Shards of the live-allocation table: a free, grow or size lookup locks one of them,
+/// so threads freeing different blocks at once rarely meet.
+const SHARDS: usize = 64;
+
+/// One shard, on a cache line of its own.
+#[derive(Default)]
+#[repr(align(64))]
+struct Shard(Mutex<BTreeMap<usize, Live>>);
+
 struct Arena {
     pm: ProcessMemory,
-    live: Mutex<BTreeMap<usize, Live>>,
+    live: [Shard; SHARDS],
+}
+
+impl Arena {
+    /// The shard of the block at `addr`: a multiplicative hash of its page number, so
+    /// blocks of every order (all aligned to their size) spread over the shards.
+    fn shard(&self, addr: usize) -> std::sync::MutexGuard<'_, BTreeMap<usize, Live>> {
+        let page = (addr as u64) >> PAGE_SIZE.trailing_zeros();
+        let i = page.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARDS.trailing_zeros());
+        lock(&self.live[i as usize % SHARDS].0)
+    }
+}
+
+thread_local! {
+    /// The fork gates this thread holds for writing between `fork_prepare` and
+    /// `fork_parent` / `fork_child`, by backend address (a process may have several).
+    static FORK_HELD: RefCell<Vec<(usize, RwLockWriteGuard<'static, ()>)>> =
+        const { RefCell::new(Vec::new()) };
 }
 
 /// The zeronce side of a [`ZeronceAlloc`]: settings, and the [`ProcessMemory`] it creates
@@ -80,7 +112,18 @@ pub struct ProcessBackend {
     /// The zero-once lifecycle's hold (`None`: blocks are reported without being zeroed
     /// first).
     zero_then_report: Option<Duration>,
+    /// The reporting engine's delay, when set (under the zero-once lifecycle, the hold).
+    delay: Option<Duration>,
+    zeroer: Option<ZeroerConfig>,
+    verify: bool,
     state: AtomicU8,
+    /// Held for reading by every large allocation, free and grow; for writing across a
+    /// `fork` (see [`ProcessBackend::fork_prepare`]).
+    gate: RwLock<()>,
+    /// Set in the child of a `fork`: the memory manager's threads did not survive it.
+    forked: AtomicBool,
+    live_bytes: AtomicU64,
+    peak_live_bytes: AtomicU64,
     arena: OnceLock<Arena>,
     /// The range's first address and length once created (read without a lock by `owns`).
     base: AtomicUsize,
@@ -114,7 +157,14 @@ impl ProcessBackend {
             range_bytes: DEFAULT_RANGE,
             policy: DiscardPolicy::Immediate,
             zero_then_report: Some(Duration::from_secs(2)),
+            delay: None,
+            zeroer: None,
+            verify: false,
             state: AtomicU8::new(UNINIT),
+            gate: RwLock::new(()),
+            forked: AtomicBool::new(false),
+            live_bytes: AtomicU64::new(0),
+            peak_live_bytes: AtomicU64::new(0),
             arena: OnceLock::new(),
             base: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
@@ -157,9 +207,90 @@ impl ProcessBackend {
         self
     }
 
+    /// The reporting engine's delay after a free (default: the engine's, 2 s; under
+    /// [`ProcessBackend::zero_then_report`] the hold is the delay).
+    pub const fn reporting_delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// Background zeroer threads (default: the process mode's, one thread under
+    /// [`ProcessBackend::zero_then_report`]).
+    pub const fn zeroer(mut self, config: ZeroerConfig) -> Self {
+        self.zeroer = Some(config);
+        self
+    }
+
+    /// Verify mode: every skipped zeroing and every claim of zero is checked against
+    /// memory (slow; for tests).
+    pub const fn verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
+
+    /// The threshold in bytes.
+    pub fn threshold_bytes(&self) -> usize {
+        self.threshold
+    }
+
     /// The process memory, once the first large allocation created it.
     pub fn memory(&self) -> Option<&ProcessMemory> {
         self.arena.get().map(|a| &a.pm)
+    }
+
+    /// Bytes of live large allocations now (their sizes rounded up to pages).
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes.load(Relaxed)
+    }
+
+    /// The most [`ProcessBackend::live_bytes`] ever was.
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.peak_live_bytes.load(Relaxed)
+    }
+
+    /// Whether this is the child of a `fork` ([`ProcessBackend::fork_child`] ran).
+    pub fn is_forked_child(&self) -> bool {
+        self.forked.load(Relaxed)
+    }
+
+    /// For `pthread_atfork`'s prepare handler, on the forking thread: waits for the large
+    /// allocations, frees and grows of other threads in flight and holds new ones off until
+    /// [`ProcessBackend::fork_parent`] or [`ProcessBackend::fork_child`], so the child
+    /// inherits a consistent table of live blocks.
+    pub fn fork_prepare(&'static self) {
+        let guard = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let me = self as *const Self as usize;
+        let _ = FORK_HELD.try_with(|h| h.borrow_mut().push((me, guard)));
+    }
+
+    /// For `pthread_atfork`'s parent handler: lets large calls go on.
+    pub fn fork_parent(&'static self) {
+        let me = self as *const Self as usize;
+        let _ = FORK_HELD.try_with(|h| h.borrow_mut().retain(|(b, _)| *b != me));
+    }
+
+    /// For `pthread_atfork`'s child handler. The memory manager's threads (reporting,
+    /// zeroing) do not exist in the child and its locks may be held by threads that are
+    /// gone, so the child never calls it again: large allocations are declined (the inner
+    /// allocator serves them), a free of an inherited block only ends its entry (the block
+    /// stays in the child's copy of the range until it exits or `exec`s), and grows are
+    /// declined (the caller copies).
+    pub fn fork_child(&'static self) {
+        self.forked.store(true, Relaxed);
+        self.fork_parent();
+    }
+
+    fn gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn count_live(&self, added: u64, removed: u64) {
+        if added > removed {
+            let now = self.live_bytes.fetch_add(added - removed, Relaxed) + added - removed;
+            self.peak_live_bytes.fetch_max(now, Relaxed);
+        } else {
+            self.live_bytes.fetch_sub(removed - added, Relaxed);
+        }
     }
 
     fn arena(&self) -> Option<&Arena> {
@@ -179,19 +310,33 @@ impl ProcessBackend {
         }
     }
 
+    /// The process mode's reporting: the zero-once lifecycle or a discard policy, with
+    /// the delay when one was set.
+    fn reporting_setup(&self) -> ReportingSetup {
+        let mut setup = match self.zero_then_report {
+            Some(hold) => ReportingSetup::zero_then_report(hold),
+            None => ReportingSetup {
+                policy: self.policy,
+                ..ReportingSetup::default()
+            },
+        };
+        if let Some(delay) = self.delay {
+            setup.config.delay = delay;
+        }
+        setup
+    }
+
     fn create(&self) -> Option<&Arena> {
-        let built = ProcessMemory::builder()
+        let mut builder = ProcessMemory::builder()
             .size(self.range_bytes)
             .backing(BackingKind::Anonymous { thp: true })
             .max_order(Order::new(MAX_ORDER).ok()?)
-            .reporting(match self.zero_then_report {
-                Some(hold) => ReportingSetup::zero_then_report(hold),
-                None => ReportingSetup {
-                    policy: self.policy,
-                    ..ReportingSetup::default()
-                },
-            })
-            .build();
+            .verify(self.verify)
+            .reporting(self.reporting_setup());
+        if let Some(zeroer) = self.zeroer {
+            builder = builder.background_zeroer(zeroer);
+        }
+        let built = builder.build();
         let pm = match built {
             Ok(pm) => pm,
             Err(e) => {
@@ -203,7 +348,7 @@ impl ProcessBackend {
         let (base, len) = (pm.ram().base_addr(), pm.ram().len());
         let arena = self.arena.get_or_init(|| Arena {
             pm,
-            live: Mutex::new(BTreeMap::new()),
+            live: std::array::from_fn(|_| Shard::default()),
         });
         self.base.store(base, Release);
         self.len.store(len, Release);
@@ -234,6 +379,10 @@ impl LargeAlloc for ProcessBackend {
         if layout.align() > order.bytes() as usize {
             return None;
         }
+        let _gate = self.gate();
+        if self.is_forked_child() {
+            return None;
+        }
         let arena = self.arena()?;
         let req = AllocRequest { zeroed, hint: None };
         let mut block = arena.pm.alloc_prefix(order, req, used_pages).ok()?;
@@ -246,7 +395,10 @@ impl LargeAlloc for ProcessBackend {
             }
         }
         let grant = Grant::of(block.as_mut_slice());
-        lock(&arena.live).insert(grant.addr(), Live { block, used_pages });
+        arena
+            .shard(grant.addr())
+            .insert(grant.addr(), Live { block, used_pages });
+        self.count_live(used_pages * PAGE_SIZE, 0);
         Some(grant)
     }
 
@@ -255,23 +407,41 @@ impl LargeAlloc for ProcessBackend {
         base != 0 && addr.wrapping_sub(base) < self.len.load(Acquire)
     }
 
-    fn dealloc(&self, addr: usize) {
+    fn dealloc(&self, addr: usize) -> bool {
         let Some(arena) = self.arena.get() else {
-            return;
+            return false;
         };
-        let Some(live) = lock(&arena.live).remove(&addr) else {
-            tracing::error!(addr, "zeronce global allocator: freeing an unknown address");
-            return;
+        let _gate = self.gate();
+        let Some(live) = arena.shard(addr).remove(&addr) else {
+            return false;
         };
-        if let Err(e) = live.block.free_with_zero_tail(live.used_pages) {
+        self.count_live(0, live.used_pages * PAGE_SIZE);
+        if self.is_forked_child() {
+            // The manager is not to be called in a child (see `fork_child`): the block
+            // stays allocated in this copy of the range.
+            std::mem::forget(live.block);
+        } else if let Err(e) = live.block.free_with_zero_tail(live.used_pages) {
             tracing::error!(%e, "zeronce global allocator: free failed");
         }
+        true
+    }
+
+    fn usable_size(&self, addr: usize) -> Option<usize> {
+        let arena = self.arena.get()?;
+        let _gate = self.gate();
+        let pages = arena.shard(addr).get(&addr)?.used_pages;
+        usize::try_from(pages * PAGE_SIZE).ok()
     }
 
     fn grow(&self, addr: usize, new_size: usize) -> Option<Grant> {
         let arena = self.arena.get()?;
-        let mut table = lock(&arena.live);
+        let _gate = self.gate();
+        if self.is_forked_child() {
+            return None;
+        }
+        let mut table = arena.shard(addr);
         let live = table.get_mut(&addr)?;
+        let before = live.used_pages;
         let pages = (new_size as u64).div_ceil(PAGE_SIZE);
         let order = order_for(pages)?;
         if order > live.block.block().order {
@@ -283,6 +453,10 @@ impl LargeAlloc for ProcessBackend {
         } else {
             live.used_pages = live.used_pages.max(pages);
         }
-        Some(Grant::of(live.block.as_mut_slice()))
+        let grant = Grant::of(live.block.as_mut_slice());
+        let after = live.used_pages;
+        drop(table);
+        self.count_live(after * PAGE_SIZE, before * PAGE_SIZE);
+        Some(grant)
     }
 }

@@ -1,0 +1,355 @@
+//! The C allocation functions (`malloc`, `free`, … and glibc's `__libc_*` names), thin
+//! shims over [`crate::runtime`] (large blocks, zeronce) and mimalloc (the rest). The only
+//! module with `unsafe`: raw pointers, `errno`, mimalloc's C functions, the constructor
+//! and destructor entries.
+//!
+//! Routing: an allocation of at least the threshold is offered to zeronce; what zeronce
+//! declines, and everything smaller, is mimalloc's. A pointer given back goes to zeronce
+//! if it lies in zeronce's range (two atomic loads, no lock), else to mimalloc.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+
+use libmimalloc_sys as mi;
+
+use crate::runtime::{self, bad_pointer};
+
+/// The alignment of `malloc`: no explicit one. mimalloc's plain calls align a block of
+/// 16 bytes or more to 16 (glibc's `MALLOC_ALIGNMENT`), a smaller one to 8, as its own
+/// override does (C17: suitable for any object that fits).
+const NATURAL: usize = 1;
+/// What mimalloc's plain calls give a block of at least this size.
+const MI_ALIGN: usize = 16;
+const PAGE: usize = 4096;
+
+fn set_errno(e: c_int) {
+    // SAFETY: `__errno_location` returns this thread's errno, valid for writes.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `p`, or `NULL` with `errno = ENOMEM`.
+fn or_enomem(p: *mut c_void) -> *mut c_void {
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
+    }
+    p
+}
+
+/// A block of `size` bytes aligned to `align` (a power of two), zeroed if `zeroed`.
+fn alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    if let Some(rt) = runtime::get() {
+        if size >= rt.threshold() {
+            if let Some(addr) = rt.large_alloc(size, align, zeroed) {
+                return addr as *mut c_void;
+            }
+        } else {
+            rt.count_small(size);
+        }
+    }
+    small_alloc(size, align, zeroed)
+}
+
+fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    // SAFETY: mimalloc's allocation functions take any size and a power-of-two alignment
+    // and return a block or NULL.
+    let p = unsafe {
+        let natural = align <= 8 || (align <= MI_ALIGN && size >= MI_ALIGN);
+        match (natural, zeroed) {
+            (true, false) => mi::mi_malloc(size),
+            (true, true) => mi::mi_zalloc(size),
+            (false, false) => mi::mi_malloc_aligned(size, align),
+            (false, true) => mi::mi_zalloc_aligned(size, align),
+        }
+    };
+    or_enomem(p)
+}
+
+/// The usable size of a live block; aborts for a pointer in zeronce's range that is not
+/// a live block.
+///
+/// # Safety
+/// `p` is a live block of this allocator (or in zeronce's range).
+unsafe fn usable(call: &str, p: *mut c_void) -> usize {
+    let addr = p as usize;
+    match runtime::current() {
+        Some(rt) if rt.owns(addr) => rt
+            .large_usable(addr)
+            .unwrap_or_else(|| bad_pointer(call, addr)),
+        // SAFETY: a live mimalloc block (the caller's promise).
+        _ => unsafe { mi::mi_usable_size(p) },
+    }
+}
+
+/// Moves a live block of `old` usable bytes to a new one of `size` bytes.
+///
+/// # Safety
+/// `p` is a live block of at least `old` bytes, freed here on success.
+unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *mut c_void {
+    if !new.is_null() {
+        // SAFETY: both blocks are live, distinct, and hold at least this many bytes.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast(), old.min(size)) };
+        // SAFETY: `p` is live and no longer used.
+        unsafe { free(p) };
+    }
+    new
+}
+
+/// C `malloc`.
+#[no_mangle]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    alloc(size, NATURAL, false)
+}
+
+/// C `calloc`: `NULL` and `ENOMEM` when `n * size` overflows. A zeronce block known to be
+/// zero is not written.
+#[no_mangle]
+pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        Some(total) => alloc(total, NATURAL, true),
+        None => or_enomem(null_mut()),
+    }
+}
+
+/// C `free`: `NULL` is ignored; a pointer in zeronce's range that is not a live block
+/// (a double free) aborts with one line on stderr.
+///
+/// # Safety
+/// `p` is `NULL` or a live block of this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    let addr = p as usize;
+    if let Some(rt) = runtime::current() {
+        if rt.owns(addr) {
+            if !rt.large_free(addr) {
+                bad_pointer("free", addr);
+            }
+            return;
+        }
+    }
+    // SAFETY: not zeronce's, so a live mimalloc block (the caller's promise).
+    unsafe { mi::mi_free(p) }
+}
+
+/// C `realloc`, with glibc's `realloc(p, 0)`: frees `p` and returns `NULL`. A zeronce
+/// block grows in place when its buddies are free; a block that crosses the threshold
+/// moves between mimalloc and zeronce.
+///
+/// # Safety
+/// `p` is `NULL` or a live block of this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if size == 0 {
+        // SAFETY: the caller's promise.
+        unsafe { free(p) };
+        return null_mut();
+    }
+    let addr = p as usize;
+    let rt = runtime::get();
+    let large = rt.is_some_and(|rt| size >= rt.threshold());
+    if let Some(rt) = rt.filter(|rt| rt.owns(addr)) {
+        if large && rt.large_grow(addr, size) {
+            return p;
+        }
+        let old = rt
+            .large_usable(addr)
+            .unwrap_or_else(|| bad_pointer("realloc", addr));
+        // SAFETY: a live zeronce block of `old` usable bytes.
+        return unsafe { moved(p, old, size, malloc(size)) };
+    }
+    if let Some(new) = rt
+        .filter(|_| large)
+        .and_then(|rt| rt.large_alloc(size, NATURAL, false))
+    {
+        // SAFETY: a live mimalloc block (the caller's promise), moved to zeronce.
+        return unsafe { moved(p, mi::mi_usable_size(p), size, new as *mut c_void) };
+    }
+    // SAFETY: a live mimalloc block (the caller's promise).
+    or_enomem(unsafe { mi::mi_realloc(p, size) })
+}
+
+/// C `reallocarray`: `realloc(p, n * size)`, or `NULL` and `ENOMEM` (`p` untouched) when
+/// the product overflows.
+///
+/// # Safety
+/// As [`realloc`].
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: the caller's promise.
+        Some(total) => unsafe { realloc(p, total) },
+        None => or_enomem(null_mut()),
+    }
+}
+
+/// C `posix_memalign`: `EINVAL` unless `align` is a power of two and a multiple of
+/// `sizeof(void *)`; `ENOMEM` when out of memory (`*out` untouched then).
+///
+/// # Safety
+/// `out` is valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(size_of::<*mut c_void>()) {
+        return libc::EINVAL;
+    }
+    let p = alloc(size, align, false);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller's promise.
+    unsafe { *out = p };
+    0
+}
+
+/// C11 `aligned_alloc`: `NULL` and `EINVAL` unless `align` is a power of two (as glibc
+/// 2.38 and later).
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if !align.is_power_of_two() {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    alloc(size, align, false)
+}
+
+/// `memalign`, as glibc's: an alignment that is not a power of two is rounded up to one;
+/// `NULL` and `EINVAL` when there is none.
+#[no_mangle]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    match align.max(1).checked_next_power_of_two() {
+        Some(align) => alloc(size, align, false),
+        None => {
+            set_errno(libc::EINVAL);
+            null_mut()
+        }
+    }
+}
+
+/// `valloc`: page aligned.
+#[no_mangle]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    alloc(size, PAGE, false)
+}
+
+/// `pvalloc`: page aligned, the size rounded up to whole pages (one page for 0).
+#[no_mangle]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    match size.max(1).checked_next_multiple_of(PAGE) {
+        Some(size) => alloc(size, PAGE, false),
+        None => or_enomem(null_mut()),
+    }
+}
+
+/// `malloc_usable_size`: bytes the caller may use (0 for `NULL`). For a zeronce block,
+/// its size rounded up to pages: the block's untouched tail stays unbacked.
+///
+/// # Safety
+/// `p` is `NULL` or a live block of this allocator.
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's promise.
+    unsafe { usable("malloc_usable_size", p) }
+}
+
+/// `cfree`: `free` (old glibc programs).
+///
+/// # Safety
+/// As [`free`].
+#[no_mangle]
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    // SAFETY: the caller's promise.
+    unsafe { free(p) }
+}
+
+/// glibc's internal names, which some programs and libraries call directly (memory
+/// debuggers, code that wraps `malloc` and calls the "real" one): without them such a call
+/// reaches glibc's allocator and its block later comes to ours. mimalloc's and tcmalloc's
+/// glibc overrides export the same names.
+macro_rules! libc_alias {
+    ($(#[$doc:meta])* $name:ident => $target:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the function it forwards to.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: the caller's promise, as for the function it forwards to.
+            #[allow(unused_unsafe)]
+            unsafe { $target($($arg),*) }
+        }
+    };
+}
+
+libc_alias!(/// glibc's `__libc_malloc`: [`malloc`].
+    __libc_malloc => malloc(size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__libc_calloc`: [`calloc`].
+    __libc_calloc => calloc(n: usize, size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__libc_realloc`: [`realloc`].
+    __libc_realloc => realloc(p: *mut c_void, size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__libc_free`: [`free`].
+    __libc_free => free(p: *mut c_void));
+libc_alias!(/// glibc's `__libc_memalign`: [`memalign`].
+    __libc_memalign => memalign(align: usize, size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__libc_valloc`: [`valloc`].
+    __libc_valloc => valloc(size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__libc_pvalloc`: [`pvalloc`].
+    __libc_pvalloc => pvalloc(size: usize) -> *mut c_void);
+libc_alias!(/// glibc's `__posix_memalign`: [`posix_memalign`].
+    __posix_memalign => posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int);
+
+extern "C" fn fork_prepare() {
+    if let Some(rt) = runtime::current() {
+        rt.fork_prepare();
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(rt) = runtime::current() {
+        rt.fork_parent();
+    }
+}
+
+extern "C" fn fork_child() {
+    if let Some(rt) = runtime::current() {
+        rt.fork_child();
+    }
+}
+
+/// The library's constructor: reads the settings if no allocation did yet, registers the
+/// `fork` handlers. (Allocation needs no constructor: the first call of any thread sets
+/// the allocator up, which may come before this one runs.)
+extern "C" fn on_load() {
+    // Read the settings now if no allocation did (a bad value is told even then).
+    let _ = runtime::get();
+    // SAFETY: three handlers with the signature `pthread_atfork` wants, valid for the
+    // life of the process (this library is never unloaded while in use as the allocator).
+    let r =
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    if r != 0 {
+        runtime::write_stderr(b"zeronce: pthread_atfork failed: a fork child may deadlock\n");
+    }
+}
+
+/// The library's destructor: the `ZERONCE_SHOW_STATS` report.
+extern "C" fn on_unload() {
+    if let Some(rt) = runtime::current() {
+        rt.report_at_exit();
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;

@@ -1,0 +1,386 @@
+//! Real programs under `LD_PRELOAD=libzeronce.so`, each compared with its own run on
+//! glibc's allocator: C programs written here (large zeroed buffers, realloc, small
+//! churn, threads, fork from a multi-threaded parent, the C rules, allocation in a
+//! constructor that runs before ours, frees that must abort), a C++ program, and programs
+//! nobody here wrote (`python3` with NumPy, `sqlite3`). The C and C++ sources are in
+//! `tests/programs/`, compiled with gcc/g++ at test time.
+//!
+//! A missing tool fails its test saying what to install (`.ci/run` installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The library under test: `ZERONCE_LIB`, else `libzeronce.so` built now (cargo does not
+/// build a cdylib for integration tests) in this test's target and profile directory.
+fn lib() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| match std::env::var_os("ZERONCE_LIB") {
+            Some(p) => PathBuf::from(p),
+            None => build_lib(),
+        })
+        .clone()
+}
+
+fn build_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // <target>/<profile dir>/deps/programs-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let target = profile_dir.parent().expect("the target directory");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "test",
+        Some(other) => other,
+    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--lib",
+            "--profile",
+            profile,
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(target)
+        .status()
+        .expect("run cargo to build libzeronce.so");
+    assert!(status.success(), "cargo build of libzeronce.so failed");
+    let path = profile_dir.join("libzeronce.so");
+    assert!(
+        path.is_file(),
+        "{} is missing after cargo build",
+        path.display()
+    );
+    path
+}
+
+/// The full path of `tool`, or a failure saying which package brings it.
+fn need(tool: &str, package: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("`{tool}` is not installed: `apt-get install {package}` (.ci/run installs it)")
+    })
+}
+
+/// A directory of this test's own under cargo's temporary directory.
+fn workdir(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("malloc-programs")
+        .join(test);
+    std::fs::create_dir_all(&dir).expect("create the test's directory");
+    dir
+}
+
+/// Compiles `tests/programs/<source>` into `dir` with gcc (or g++ for `.cpp`).
+fn compile(dir: &Path, source: &str, extra: &[&str]) -> PathBuf {
+    let cpp = source.ends_with(".cpp");
+    let compiler = if cpp {
+        need("g++", "g++")
+    } else {
+        need("gcc", "gcc")
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(source);
+    let stem = source.split('.').next().unwrap_or(source);
+    let out = dir.join(if extra.contains(&"-shared") {
+        format!("lib{stem}.so")
+    } else {
+        stem.to_string()
+    });
+    let status = Command::new(compiler)
+        .args(["-O1", "-g", "-pthread", "-Wall"])
+        .args(extra)
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("run the compiler");
+    assert!(status.success(), "compiling {}", src.display());
+    out
+}
+
+/// `cmd` with no allocator settings inherited from the test's environment.
+fn clean(mut cmd: Command) -> Command {
+    cmd.env_remove("LD_PRELOAD");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("ZERONCE_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Runs `cmd` with `preload` (a `LD_PRELOAD` value; none: glibc's allocator) and the
+/// exit report asked for.
+fn run(make: &dyn Fn() -> Command, preload: Option<&str>) -> Output {
+    let mut cmd = clean(make());
+    if let Some(p) = preload {
+        cmd.env("LD_PRELOAD", p).env("ZERONCE_SHOW_STATS", "1");
+    }
+    cmd.output().expect("run the program")
+}
+
+/// Runs the program on glibc and under libzeronce.so; both succeed with the same output.
+/// Returns zeronce's run.
+fn same_output(make: &dyn Fn() -> Command) -> Output {
+    let lib = lib();
+    let glibc = run(make, None);
+    let ours = run(make, Some(&lib.to_string_lossy()));
+    let text = |o: &Output| {
+        format!(
+            "status {}\nstdout:\n{}\nstderr:\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(glibc.status.success(), "on glibc: {}", text(&glibc));
+    assert!(
+        ours.status.success(),
+        "under libzeronce.so: {}",
+        text(&ours)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&glibc.stdout),
+        String::from_utf8_lossy(&ours.stdout),
+        "the output under libzeronce.so differs; its stderr:\n{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    ours
+}
+
+/// How many allocations zeronce served, from the last exit report on `stderr`.
+fn large_allocations(out: &Output) -> u64 {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .rfind(|l| l.starts_with("zeronce: large (zeronce) "))
+        .unwrap_or_else(|| panic!("no exit report in stderr:\n{stderr}"));
+    line.split(" in ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable report line: {line}"))
+}
+
+/// Compiles `tests/programs/<source>`, runs it on glibc and under libzeronce.so (same
+/// output), and checks zeronce served at least `served` allocations.
+fn prints_the_same(source: &str, served: u64) {
+    let stem = source.split('.').next().unwrap_or(source);
+    let exe = compile(&workdir(stem), source, &[]);
+    assert_served(&same_output(&program(&exe, &[])), served);
+}
+
+/// zeronce served at least `n` allocations in `out`'s run.
+fn assert_served(out: &Output, n: u64) {
+    let served = large_allocations(out);
+    assert!(
+        served >= n,
+        "zeronce served {served} allocations, expected at least {n}; stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn program(path: &Path, args: &[&str]) -> impl Fn() -> Command {
+    let (path, args): (PathBuf, Vec<String>) = (
+        path.to_path_buf(),
+        args.iter().map(|a| a.to_string()).collect(),
+    );
+    move || {
+        let mut c = Command::new(&path);
+        c.args(&args);
+        c
+    }
+}
+
+#[test]
+fn a_c_program_of_large_and_small_blocks_and_threads_prints_the_same() {
+    // 8 callocs, the realloc chain, 4 threads x 60 blocks.
+    prints_the_same("large.c", 8 + 240);
+}
+
+#[test]
+fn fork_from_a_multithreaded_parent_leaves_every_child_a_working_allocator() {
+    prints_the_same("fork.c", 1);
+}
+
+#[test]
+fn threads_that_exit_and_a_dlopened_library_with_thread_local_storage() {
+    let dir = workdir("dlopen");
+    let tls = compile(&dir, "tlslib.c", &["-shared", "-fPIC"]);
+    let exe = compile(&dir, "dlopen.c", &[]);
+    let ours = same_output(&program(&exe, &[&tls.to_string_lossy()]));
+    // 200 callocs of 3 MiB, less the first round's three that raced the arena's creation
+    // (mimalloc serves a large allocation while another thread creates the arena).
+    assert_served(&ours, 197);
+}
+
+#[test]
+fn one_large_allocation_costs_the_block_not_the_allocators_tables() {
+    prints_the_same("rss.c", 1);
+}
+
+#[test]
+fn the_c_rules_match_glibc() {
+    prints_the_same("edge.c", 0);
+}
+
+#[test]
+fn aligned_alloc_of_a_non_power_of_two_is_einval() {
+    // glibc 2.36 rounds the alignment up; C11 DR 460 and glibc >= 2.38 say EINVAL.
+    let exe = compile(&workdir("edge-strict"), "edge.c", &[]);
+    let out = run(&program(&exe, &["strict"]), Some(&lib().to_string_lossy()));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "aligned_alloc(3, 64): NULL errno EINVAL\naligned_alloc(24, 8M): NULL errno EINVAL\n"
+    );
+}
+
+#[test]
+fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
+    let exe = compile(&workdir("abuse"), "abuse.c", &[]);
+    for mode in ["double", "interior"] {
+        let out = run(&program(&exe, &[mode]), Some(&lib().to_string_lossy()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigabrt()),
+            "{mode}: {stderr}"
+        );
+        assert_eq!(
+            stderr
+                .lines()
+                .filter(|l| l.contains("invalid pointer"))
+                .count(),
+            1,
+            "{mode}: {stderr}"
+        );
+        assert!(
+            stderr.starts_with("zeronce: free(): invalid pointer 0x"),
+            "{mode}: {stderr}"
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("not detected"));
+    }
+}
+
+fn libc_sigabrt() -> i32 {
+    6
+}
+
+#[test]
+fn allocation_in_a_constructor_before_ours_is_served() {
+    let dir = workdir("early");
+    let early = compile(&dir, "early.c", &["-shared", "-fPIC"]);
+    let exe = compile(&dir, "main.c", &[]);
+    let lib = lib();
+    // Later in LD_PRELOAD is initialised first: early.so's constructor runs before ours.
+    let with = |preload: String, stats: bool| {
+        let mut c = clean(Command::new(&exe));
+        c.env("LD_PRELOAD", preload);
+        if stats {
+            c.env("ZERONCE_SHOW_STATS", "1");
+        }
+        c.output().expect("run the program")
+    };
+    let glibc = with(early.display().to_string(), false);
+    let ours = with(format!("{}:{}", lib.display(), early.display()), true);
+    assert!(glibc.status.success() && ours.status.success(), "{ours:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&glibc.stdout),
+        "constructor: zeroed 1\nmain: ok\n"
+    );
+    assert_eq!(glibc.stdout, ours.stdout);
+    // The calloc and the realloc of the constructor (gcc drops main's unused malloc).
+    assert_served(&ours, 2);
+}
+
+#[test]
+fn a_cpp_program_of_large_vectors_prints_the_same() {
+    prints_the_same("vectors.cpp", 20);
+}
+
+#[test]
+fn numpy_large_zeroed_arrays_print_the_same() {
+    let python = Path::new("/usr/bin/python3");
+    assert!(
+        python.is_file(),
+        "/usr/bin/python3 is missing: `apt-get install python3`"
+    );
+    let has_numpy = Command::new(python).args(["-c", "import numpy"]).status();
+    assert!(
+        has_numpy.is_ok_and(|s| s.success()),
+        "NumPy is not installed for /usr/bin/python3: `apt-get install python3-numpy` (.ci/run installs it)"
+    );
+    let script = r#"
+import numpy as np
+for i in range(4):
+    a = np.zeros(256 << 20, dtype=np.uint8)
+    a[::4096] += i + 1
+    b = a[: 32 << 20].astype(np.float32)
+    print(i, int(a.sum()), float(b.sum()), int(np.count_nonzero(a)))
+    del a, b
+c = np.ones((1024, 1024)) @ np.arange(1024 * 8, dtype=np.float64).reshape(1024, 8)
+print(c.sum(), np.zeros((3000, 3000)).sum())
+"#;
+    let make = move || {
+        let mut c = Command::new("/usr/bin/python3");
+        c.args(["-c", script]);
+        c
+    };
+    let ours = same_output(&make);
+    assert_served(&ours, 8);
+}
+
+#[test]
+fn sqlite3_on_a_generated_database_prints_the_same() {
+    let sqlite = need("sqlite3", "sqlite3");
+    let sql = r#"
+CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, v REAL, b BLOB);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000)
+INSERT INTO t SELECT x, printf('name-%d', x * 7919 % 100003), x * 0.5, zeroblob(x % 300) FROM c;
+CREATE INDEX t_name ON t(name);
+SELECT count(*), sum(v), sum(length(b)) FROM t;
+SELECT name FROM t ORDER BY name LIMIT 3;
+SELECT length(group_concat(name)) FROM t;
+SELECT length(zeroblob(8000000)), hex(substr(zeroblob(8000000), 1, 4));
+UPDATE t SET name = upper(name) WHERE id % 3 = 0;
+SELECT count(DISTINCT name), max(name) FROM t;
+"#;
+    let dir = workdir("sqlite");
+    let make = move || {
+        // A fresh database each run.
+        let db = dir.join("t.db");
+        let _ = std::fs::remove_file(&db);
+        let mut c = Command::new(&sqlite);
+        c.arg(&db).arg(sql);
+        c
+    };
+    let ours = same_output(&make);
+    assert_served(&ours, 1);
+}
+
+#[test]
+fn a_bad_setting_is_one_line_on_stderr_and_the_default() {
+    let out = clean(Command::new("/bin/true"))
+        .env("LD_PRELOAD", lib())
+        .env("ZERONCE_THRESHOLD", "lots")
+        .output()
+        .expect("run /bin/true");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "zeronce: ignoring ZERONCE_THRESHOLD=lots: expected a size such as 2M, 512K or 1G (at least 4K); using the default\n"
+    );
+}

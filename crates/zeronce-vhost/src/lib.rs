@@ -39,6 +39,8 @@ mod wire;
 
 #[cfg(test)]
 mod protocol_tests;
+#[cfg(test)]
+mod soak_tests;
 
 pub use backend::{BalloonBackend, DeviceGuard};
 pub use child::ServeProcess;

@@ -16,25 +16,25 @@ use crate::relay::{recv_message, send_message};
 use crate::wire::{self, Header};
 use crate::{control, Hub, ServeConfig};
 
-const GET_FEATURES: u32 = 1;
+pub(crate) const GET_FEATURES: u32 = 1;
 const SET_FEATURES: u32 = 2;
-const SET_OWNER: u32 = 3;
+pub(crate) const SET_OWNER: u32 = 3;
 const GET_PROTOCOL_FEATURES: u32 = 15;
 const SET_PROTOCOL_FEATURES: u32 = 16;
 const GET_CONFIG: u32 = 24;
-const NEED_REPLY: u32 = 0x8;
+pub(crate) const NEED_REPLY: u32 = 0x8;
 const REPLY: u32 = 0x4;
 
-struct Daemon {
-    hub: Arc<Hub>,
-    socket: PathBuf,
-    control: PathBuf,
-    dir: PathBuf,
+pub(crate) struct Daemon {
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) socket: PathBuf,
+    pub(crate) control: PathBuf,
+    pub(crate) dir: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
-    fn start(name: &str) -> Daemon {
+    pub(crate) fn start(name: &str) -> Daemon {
         let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -72,7 +72,7 @@ impl Drop for Daemon {
     }
 }
 
-fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
+pub(crate) fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
     let h = Header {
         request,
         flags: wire::VERSION_1 | flags,
@@ -81,14 +81,14 @@ fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd
     send_message(s, &h, payload, fds).unwrap();
 }
 
-fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
+pub(crate) fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
     let m = recv_message(s).unwrap().expect("a reply");
     assert_eq!(m.header.request, request, "reply to the request sent");
     assert_ne!(m.header.flags & REPLY, 0, "flagged as a reply");
     m.payload
 }
 
-fn ack(s: &UnixStream, request: u32) -> u64 {
+pub(crate) fn ack(s: &UnixStream, request: u32) -> u64 {
     u64::from_le_bytes(reply(s, request)[..8].try_into().unwrap())
 }
 
@@ -97,7 +97,7 @@ fn u64_payload(v: u64) -> Vec<u8> {
 }
 
 /// `virtio_uml`'s SET_MEM_TABLE: one region, two slots (72 bytes).
-fn uml_mem_table(size: u64) -> Vec<u8> {
+pub(crate) fn uml_mem_table(size: u64) -> Vec<u8> {
     let mut p = Vec::new();
     p.extend_from_slice(&1u32.to_le_bytes());
     p.extend_from_slice(&0u32.to_le_bytes());
@@ -126,7 +126,7 @@ fn num_pages(s: &UnixStream) -> u32 {
 }
 
 /// Negotiates like `virtio_uml` does at boot and module load; returns the back-end channel.
-fn handshake(s: &UnixStream) -> UnixStream {
+pub(crate) fn handshake(s: &UnixStream) -> UnixStream {
     send(s, SET_OWNER, 0, &[], &[]);
     send(s, GET_FEATURES, 0, &[], &[]);
     let offered = u64::from_le_bytes(reply(s, GET_FEATURES)[..8].try_into().unwrap());

@@ -15,7 +15,7 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-use crate::backend::BalloonBackend;
+use crate::backend::{BalloonBackend, ExitEvent};
 use crate::control;
 use crate::hub::{Hub, ServeConfig, Session};
 use crate::path::{BoundSocket, SocketPathError};
@@ -166,6 +166,7 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::default());
     let mut daemon = VhostUserDaemon::new("zeronce-balloon".into(), backend.clone(), mem)
         .map_err(|e| io::Error::other(e.to_string()))?;
+    let exit = ExitEvent::register(&daemon, &backend)?;
     let (mut inner_listener, inner) = private_connection()?;
     let relay = Relay::start(frontend.try_clone()?, inner, slot)?;
     hub.set_session(Some(Session { backend, frontend }));
@@ -180,9 +181,11 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
         Err(e) if is_disconnect(&e) || hub.stopping() => Ok(()),
         Err(e) => Err(io::Error::other(e.to_string())),
     };
-    for h in daemon.get_epoll_handlers() {
-        h.send_exit_event();
-    }
+    // Ends the vring thread; dropping the daemon joins it, and only then is the exit
+    // event closed (closing it first would take it out of the thread's epoll unread).
+    exit.fire();
+    drop(daemon);
+    drop(exit);
     relay.shutdown();
     relay.join();
     hub.set_session(None);

@@ -5,6 +5,8 @@
 //! - [`socket`]: [`bind`] a unix listening socket: a live socket or a path that is not a
 //!   socket is refused, a stale one (connecting is refused) replaced, the socket created
 //!   with mode 0600 (or [`SocketOptions`]) whatever the umask.
+//! - [`access`]: [`Access`] (both of the above) and [`AccessArgs`], the command-line
+//!   options that set it (`--socket-mode`, `--socket-group`, `--allow-uid`, `--allow-gid`).
 //! - [`peer`]: [`PeerPolicy`] and [`PeerGate`]: `SO_PEERCRED` checked against the
 //!   daemon's user (and root) or an allowed list; refusals counted and logged
 //!   rate-limited.
@@ -20,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod access;
 pub mod line;
 pub mod notify;
 pub mod peer;
@@ -27,6 +30,7 @@ pub mod prometheus;
 pub mod socket;
 
 pub use accept::{refuse, AcceptBackoff, ConnLimit, ConnSlot};
+pub use access::{Access, AccessArgs};
 pub use line::{read_line, Line};
 pub use peer::{PeerGate, PeerPolicy};
 pub use socket::{bind, BindError, SocketOptions};

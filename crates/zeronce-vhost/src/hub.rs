@@ -7,8 +7,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use zeronce_balloon::BalloonOptions;
+use zeronce_daemon::{Access, ConnLimit, PeerGate};
 use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
@@ -24,6 +26,33 @@ pub struct ServeConfig {
     pub balloon: BalloonOptions,
     /// The initial target (`num_pages`, 4 KiB pages).
     pub num_pages: u32,
+    /// Who may reach both sockets (mode 0600 and the daemon's user by default).
+    pub access: Access,
+    /// How long and how many clients may hold the daemon.
+    pub limits: Limits,
+}
+
+/// The daemon's bounds on its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a new vhost-user connection may take to send its first message header
+    /// (and any message its payload once its header began); one that does not is
+    /// closed, so it cannot keep the next front-end waiting.
+    pub handshake: Duration,
+    /// Control connections served at once; one more gets a refusal line.
+    pub control_connections: usize,
+    /// How long a control connection may stay silent before it is closed.
+    pub control_idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake: Duration::from_secs(5),
+            control_connections: 16,
+            control_idle: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The connection being served.
@@ -43,11 +72,20 @@ pub struct Hub {
     stopping: AtomicBool,
     current: Mutex<Option<Session>>,
     listeners: Mutex<Vec<UnixListener>>,
+    /// Peers of the vhost-user socket.
+    pub(crate) vhost_peers: PeerGate,
+    /// Peers of the control socket.
+    pub(crate) control_peers: PeerGate,
+    /// Control connections being served.
+    pub(crate) control_slots: ConnLimit,
 }
 
 impl Hub {
     pub(crate) fn new(config: ServeConfig) -> Hub {
         Hub {
+            vhost_peers: PeerGate::new(config.access.peers.clone(), "vhost-user"),
+            control_peers: PeerGate::new(config.access.peers.clone(), "control"),
+            control_slots: ConnLimit::new(config.limits.control_connections),
             target: AtomicU32::new(config.num_pages),
             config,
             connections: AtomicU64::new(0),
@@ -81,9 +119,15 @@ impl Hub {
     }
 
     /// Connections to the vhost-user socket refused because they were not a front-end
-    /// (a control request sent to the wrong socket).
+    /// (a control request sent to the wrong socket, or no message header within the
+    /// handshake timeout).
     pub fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Connections refused because their peer is not allowed (both sockets).
+    pub fn refused_peers(&self) -> u64 {
+        self.vhost_peers.refused() + self.control_peers.refused()
     }
 
     /// The target in 4 KiB pages.

@@ -45,6 +45,6 @@ mod soak_tests;
 pub use backend::{BalloonBackend, DeviceGuard};
 pub use child::ServeProcess;
 pub use frontend::VhostUserTransport;
-pub use hub::{Hub, ServeConfig};
+pub use hub::{Hub, Limits, ServeConfig};
 pub use path::SocketPathError;
 pub use server::{serve, ServeError};

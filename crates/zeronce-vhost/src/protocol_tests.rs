@@ -45,6 +45,11 @@ impl Daemon {
             control: control.clone(),
             balloon: BalloonOptions::default(),
             num_pages: 0,
+            access: zeronce_daemon::Access::default(),
+            limits: crate::Limits {
+                handshake: std::time::Duration::from_millis(500),
+                ..crate::Limits::default()
+            },
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {

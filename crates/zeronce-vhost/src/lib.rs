@@ -38,6 +38,8 @@ mod server;
 mod wire;
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]
 mod soak_tests;

@@ -25,14 +25,16 @@ fn status_field(name: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// One session; returns once the daemon answered (so the previous session has ended:
-/// the daemon serves one front-end at a time).
-fn session(d: &Daemon) {
+/// One session, still connected: returned once the daemon answered, so every previous
+/// session has ended (the daemon serves one front-end at a time) and this one is not
+/// being torn down while the caller measures.
+fn session(d: &Daemon) -> UnixStream {
     let s = UnixStream::connect(&d.socket).unwrap();
     send(&s, SET_OWNER, 0, &[], &[]);
     send(&s, GET_FEATURES, 0, &[], &[]);
     let features = reply(&s, GET_FEATURES);
     assert_eq!(features.len(), 8);
+    s
 }
 
 /// Descriptors, threads (`Threads`) and resident memory (`VmRSS`, KiB) now.
@@ -46,14 +48,16 @@ fn five_thousand_sessions_leave_fds_threads_and_rss_flat() {
     for _ in 0..WARM_UP {
         session(&d);
     }
-    // One more session: the warm-up's last one has ended when it is answered.
-    session(&d);
+    // Measured with one session connected and all others ended.
+    let live = session(&d);
     let before = measure();
+    drop(live);
     for _ in 0..SESSIONS {
         session(&d);
     }
-    session(&d);
+    let live = session(&d);
     let after = measure();
+    drop(live);
     eprintln!("{SESSIONS} sessions: (fds, threads, rss KiB) {before:?} -> {after:?}");
     assert!(
         after.0 <= before.0 + 2,

@@ -39,24 +39,24 @@ fn unusable_socket_paths_are_refused_with_the_reason() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Starts `cmd` (a `serve`) and waits until it says it listens.
+fn spawn_listening(cmd: &mut Command) -> std::process::Child {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening"), "{line:?}");
+    child
+}
+
 #[test]
 fn sigterm_and_sigint_stop_the_daemon_cleanly() {
     use rustix::process::{kill_process, Pid, Signal};
     let d = dir("signals");
     for sig in [Signal::TERM, Signal::INT] {
         let socket = d.join("s.sock");
-        let mut child = bin()
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("listening"), "{line:?}");
+        let mut child = spawn_listening(bin().arg("serve").arg("--socket").arg(&socket));
         // A connected front-end does not keep it from stopping.
         let _frontend = std::os::unix::net::UnixStream::connect(&socket).unwrap();
         kill_process(Pid::from_raw(child.id() as i32).unwrap(), sig).unwrap();
@@ -67,5 +67,106 @@ fn sigterm_and_sigint_stop_the_daemon_cleanly() {
             "{sig:?}: sockets removed"
         );
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+fn status(control: &std::path::Path) -> serde_json::Value {
+    zeronce_vhost::control::request(control, &serde_json::json!({"op": "status"})).unwrap()
+}
+
+#[test]
+fn a_restart_after_sigkill_replaces_the_stale_sockets_and_a_live_one_is_refused() {
+    use zeronce_vhost::ServeProcess;
+    let d = dir("restart");
+    let socket = d.join("s.sock");
+    let program = std::path::Path::new(env!("CARGO_BIN_EXE_zeronce-vhost"));
+    let first = ServeProcess::spawn(program, &socket, &[]).unwrap();
+    assert_eq!(status(first.control())["ok"], true);
+    // A second daemon on the same path while the first listens: refused, first untouched.
+    let e = serve_error(&socket);
+    assert!(e.contains("a running daemon listens"), "{e}");
+    assert_eq!(status(first.control())["ok"], true);
+    // SIGKILL: no clean-up, both socket files stay behind.
+    first.kill().unwrap();
+    assert!(socket.exists() && d.join("s.sock.ctl").exists());
+    let second = ServeProcess::spawn(program, &socket, &[]).unwrap();
+    assert_eq!(
+        status(second.control())["ok"],
+        true,
+        "the stale sockets were replaced"
+    );
+    second.terminate().unwrap();
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn under_umask_000_both_sockets_are_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir("umask");
+    let socket = d.join("s.sock");
+    let mut child = spawn_listening(
+        Command::new("sh")
+            .arg("-c")
+            .arg("umask 000 && exec \"$0\" serve --socket \"$1\"")
+            .arg(env!("CARGO_BIN_EXE_zeronce-vhost"))
+            .arg(&socket),
+    );
+    let mode = |p: &std::path::Path| p.metadata().unwrap().permissions().mode() & 0o777;
+    let modes = (mode(&socket), mode(&d.join("s.sock.ctl")));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        modes,
+        (0o600, 0o600),
+        "umask 000 must not open them to everyone"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Runs `zeronce-vhost balloon --socket CONTROL status` as user and group 65534
+/// (nobody), through `setpriv`; `None` when this test cannot change users.
+fn status_as_nobody(control: &std::path::Path) -> Option<std::process::Output> {
+    let me_root = rustix::process::geteuid().is_root();
+    if !me_root || Command::new("setpriv").arg("--version").output().is_err() {
+        return None;
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zeronce-vhost"))
+        .args(["balloon", "--socket"])
+        .arg(control)
+        .arg("status")
+        .output()
+        .unwrap();
+    Some(out)
+}
+
+#[test]
+fn a_peer_of_another_user_is_refused_even_when_the_mode_lets_it_connect() {
+    use zeronce_vhost::ServeProcess;
+    let d = dir("peer");
+    // Reachable by nobody through the file system (the directory and the sockets).
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = d.join("s.sock");
+    let program = std::path::Path::new(env!("CARGO_BIN_EXE_zeronce-vhost"));
+    let open = ServeProcess::spawn(program, &socket, &["--socket-mode", "0666"]).unwrap();
+    let Some(out) = status_as_nobody(open.control()) else {
+        eprintln!("skipped: needs root and setpriv to connect as another user");
+        return;
+    };
+    assert!(!out.status.success(), "nobody was answered: {out:?}");
+    let s = status(open.control());
+    assert_eq!(s["refused_peers"], 1, "{s}");
+    open.terminate().unwrap();
+    // Allowed by uid: answered.
+    let allowed = ServeProcess::spawn(
+        program,
+        &socket,
+        &["--socket-mode", "0666", "--allow-uid", "65534"],
+    )
+    .unwrap();
+    let out = status_as_nobody(allowed.control()).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    allowed.terminate().unwrap();
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -15,7 +15,8 @@
 //!   connections, each held by a [`ConnSlot`]) and [`refuse`] (one line, then close).
 //! - [`line`]: [`read_line`], a line of at most N bytes that must be UTF-8.
 //! - [`notify`]: `sd_notify` (`READY=1`, `STOPPING=1`) when `NOTIFY_SOCKET` is set.
-//! - [`prometheus`]: the Prometheus text exposition format.
+//! - [`prometheus`]: the Prometheus text exposition format, and [`endpoint`]: the opt-in
+//!   HTTP endpoint that serves it (a unix socket or a loopback port).
 //!
 //! Log lines about floods (refused peers, failed accepts) use the doubling scheme of
 //! [`zeronce_types::rate::log_this`], as the balloon device's refused-input lines do.
@@ -23,6 +24,7 @@
 
 pub mod accept;
 pub mod access;
+pub mod endpoint;
 pub mod line;
 pub mod notify;
 pub mod peer;

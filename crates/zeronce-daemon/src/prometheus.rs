@@ -4,6 +4,15 @@
 
 use std::fmt::Write;
 
+/// The type of a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A count that only grows (named `…_total`).
+    Counter,
+    /// A value that goes up and down.
+    Gauge,
+}
+
 /// A metrics page being written.
 #[derive(Debug, Default)]
 pub struct Exposition {
@@ -40,15 +49,20 @@ impl Exposition {
         self
     }
 
-    /// A gauge with one label, one sample per `(label value, value)`.
-    pub fn gauge_by(
+    /// A metric of `kind` with one label, one sample per `(label value, value)`.
+    pub fn by_label(
         &mut self,
+        kind: Kind,
         name: &str,
         help: &str,
         label: &str,
         samples: &[(&str, f64)],
     ) -> &mut Self {
-        self.head(name, "gauge", help);
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        self.head(name, kind, help);
         for (l, v) in samples {
             let l = l.replace('\\', "\\\\").replace('"', "\\\"");
             let _ = writeln!(self.text, "{name}{{{label}=\"{l}\"}} {v}");
@@ -71,7 +85,8 @@ mod tests {
         let mut e = Exposition::new();
         e.counter("zeronce_x_total", "X seen.\nTwo lines", 3)
             .gauge("zeronce_up", "Up.", 1.0)
-            .gauge_by(
+            .by_label(
+                Kind::Gauge,
                 "zeronce_pages",
                 "Pages.",
                 "state",

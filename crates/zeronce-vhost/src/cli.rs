@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use zeronce_balloon::{BalloonOptions, FeatureOffer};
+use zeronce_daemon::endpoint::{parse_metrics_addr, MetricsAddr};
 use zeronce_daemon::AccessArgs;
 use zeronce_types::size::parse_size;
 
@@ -40,6 +41,10 @@ pub struct ServeArgs {
     /// Who may connect to both sockets.
     #[command(flatten)]
     pub access: AccessArgs,
+    /// Serve the counters as a Prometheus page (HTTP GET) on this unix socket path or
+    /// loopback address (127.0.0.1:PORT); off by default.
+    #[arg(long, value_parser = parse_metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// `balloon`: talk to a running `serve` through its control socket.
@@ -112,6 +117,7 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
         num_pages: pages(args.target)?,
         access: args.access.access(),
         limits: Limits::default(),
+        metrics: args.metrics.clone(),
     };
     server::serve(config, |_| {
         // A reader that has gone (`serve | head -1`) must not stop the daemon.

@@ -10,10 +10,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use zeronce_balloon::BalloonOptions;
+use zeronce_daemon::endpoint::MetricsAddr;
 use zeronce_daemon::{Access, ConnLimit, PeerGate};
 use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
+use crate::metrics::DeviceTotals;
 
 /// What `zeronce serve` needs.
 #[derive(Clone, Debug)]
@@ -30,6 +32,8 @@ pub struct ServeConfig {
     pub access: Access,
     /// How long and how many clients may hold the daemon.
     pub limits: Limits,
+    /// Where to serve the Prometheus page (`None`: nowhere).
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// The daemon's bounds on its clients.
@@ -78,6 +82,8 @@ pub struct Hub {
     pub(crate) control_peers: PeerGate,
     /// Control connections being served.
     pub(crate) control_slots: ConnLimit,
+    /// The device counters of the sessions that ended.
+    ended: Mutex<DeviceTotals>,
 }
 
 impl Hub {
@@ -86,6 +92,7 @@ impl Hub {
             vhost_peers: PeerGate::new(config.access.peers.clone(), "vhost-user"),
             control_peers: PeerGate::new(config.access.peers.clone(), "control"),
             control_slots: ConnLimit::new(config.limits.control_connections),
+            ended: Mutex::default(),
             target: AtomicU32::new(config.num_pages),
             config,
             connections: AtomicU64::new(0),
@@ -163,9 +170,19 @@ impl Hub {
         self.rejected.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// The connection now served (`None`: it ended).
+    /// The connection now served (`None`: it ended, and its device's counters join the
+    /// totals of ended sessions).
     pub(crate) fn set_session(&self, session: Option<Session>) {
-        *lock(&self.current) = session;
+        let ended = std::mem::replace(&mut *lock(&self.current), session);
+        if let Some(s) = ended {
+            let m = s.backend.lock().device().metrics();
+            lock(&self.ended).add(&m);
+        }
+    }
+
+    /// The device counters of the sessions that ended.
+    pub(crate) fn ended_totals(&self) -> DeviceTotals {
+        lock(&self.ended).clone()
     }
 
     /// Keeps a duplicate of `l`, to wake its `accept` at [`Hub::stop`].

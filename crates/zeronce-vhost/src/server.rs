@@ -14,7 +14,8 @@ use thiserror::Error;
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
-use zeronce_daemon::AcceptBackoff;
+use zeronce_daemon::endpoint::MetricsEndpoint;
+use zeronce_daemon::{notify, AcceptBackoff};
 use zeronce_types::clock::deadline_after;
 use zeronce_types::rate::log_this;
 
@@ -49,6 +50,15 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServeError {
 pub fn serve(config: ServeConfig, ready: impl FnOnce(&Arc<Hub>)) -> Result<(), ServeError> {
     let vhost = BoundSocket::bind(&config.socket, &config.access.socket)?;
     let ctl = BoundSocket::bind(&config.control, &config.access.socket)?;
+    let endpoint = config
+        .metrics
+        .as_ref()
+        .map(|addr| MetricsEndpoint::bind(addr, &config.access.socket))
+        .transpose()
+        .map_err(|e| ServeError::Io {
+            what: "metrics endpoint",
+            source: io::Error::other(e.to_string()),
+        })?;
     let hub = Arc::new(Hub::new(config));
     hub.listen(vhost.listener()).map_err(io_err("socket"))?;
     hub.listen(ctl.listener())
@@ -65,12 +75,31 @@ pub fn serve(config: ServeConfig, ready: impl FnOnce(&Arc<Hub>)) -> Result<(), S
             .spawn(move || control::serve(&hub, &listener))
             .map_err(io_err("control thread"))?
     };
+    let metrics_thread = match endpoint {
+        Some(endpoint) => {
+            let hub = Arc::clone(&hub);
+            Some(
+                std::thread::Builder::new()
+                    .name("zeronce-metrics".into())
+                    .spawn(move || {
+                        endpoint.serve(|| hub.stopping(), || crate::metrics::render(&hub))
+                    })
+                    .map_err(io_err("metrics thread"))?,
+            )
+        }
+        None => None,
+    };
     ready(&hub);
+    notify::notify_or_log(notify::READY);
     let result = accept_loop(&hub, vhost.listener());
+    notify::notify_or_log(notify::STOPPING);
     hub.stop();
     signals.close();
     if control_thread.join().is_err() {
         tracing::error!("the control thread panicked");
+    }
+    if metrics_thread.is_some_and(|t| t.join().is_err()) {
+        tracing::error!("the metrics thread panicked");
     }
     result
 }

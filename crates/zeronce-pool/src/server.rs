@@ -114,6 +114,7 @@ impl Server {
     /// current page, state file written).
     pub fn run(self) -> Result<(), ServeError> {
         tracing::info!(socket = %self.path.display(), "serving");
+        zeronce_daemon::notify::notify_or_log(zeronce_daemon::notify::READY);
         let tick = Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
@@ -123,6 +124,7 @@ impl Server {
         let result = loop {
             if self.stop.load(Ordering::Acquire) {
                 tracing::info!("shutting down");
+                zeronce_daemon::notify::notify_or_log(zeronce_daemon::notify::STOPPING);
                 break Ok(());
             }
             let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];

@@ -170,3 +170,28 @@ fn a_peer_of_another_user_is_refused_even_when_the_mode_lets_it_connect() {
     allowed.terminate().unwrap();
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn under_systemd_it_says_ready_and_stopping() {
+    use rustix::process::{kill_process, Pid, Signal};
+    let d = dir("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(d.join("notify")).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut child = spawn_listening(
+        bin()
+            .env("NOTIFY_SOCKET", d.join("notify"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(d.join("s.sock")),
+    );
+    let mut buf = [0u8; 64];
+    let n = notify.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"READY=1");
+    kill_process(Pid::from_raw(child.id() as i32).unwrap(), Signal::TERM).unwrap();
+    let n = notify.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"STOPPING=1");
+    assert!(child.wait().unwrap().success());
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -123,9 +123,9 @@ fn under_umask_000_both_sockets_are_0600() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// Runs `zeronce-vhost balloon --socket CONTROL status` as user and group 65534
+/// Runs `zeronce-vhost balloon --socket SOCKET status` as user and group 65534
 /// (nobody), through `setpriv`; `None` when this test cannot change users.
-fn status_as_nobody(control: &std::path::Path) -> Option<std::process::Output> {
+fn status_as_nobody(socket: &std::path::Path) -> Option<std::process::Output> {
     let me_root = rustix::process::geteuid().is_root();
     if !me_root || Command::new("setpriv").arg("--version").output().is_err() {
         return None;
@@ -134,7 +134,7 @@ fn status_as_nobody(control: &std::path::Path) -> Option<std::process::Output> {
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_zeronce-vhost"))
         .args(["balloon", "--socket"])
-        .arg(control)
+        .arg(socket)
         .arg("status")
         .output()
         .unwrap();
@@ -155,8 +155,16 @@ fn a_peer_of_another_user_is_refused_even_when_the_mode_lets_it_connect() {
         return;
     };
     assert!(!out.status.success(), "nobody was answered: {out:?}");
+    // On the vhost-user socket too (a control request there would otherwise be
+    // answered with the control socket's path).
+    let out = status_as_nobody(open.socket()).unwrap();
+    assert!(!out.status.success(), "nobody was answered: {out:?}");
     let s = status(open.control());
-    assert_eq!(s["refused_peers"], 1, "{s}");
+    assert_eq!(s["refused_peers"], 2, "{s}");
+    assert_eq!(
+        s["rejected_connections"], 0,
+        "refused before its first byte: {s}"
+    );
     open.terminate().unwrap();
     // Allowed by uid: answered.
     let allowed = ServeProcess::spawn(
@@ -193,5 +201,73 @@ fn under_systemd_it_says_ready_and_stopping() {
     let n = notify.recv(&mut buf).unwrap();
     assert_eq!(&buf[..n], b"STOPPING=1");
     assert!(child.wait().unwrap().success());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// The lowest descriptor number `pid` does not use: the one its next `accept` gets.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let used: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..).find(|n| !used.contains(n)).unwrap()
+}
+
+#[test]
+fn out_of_descriptors_the_accept_loops_back_off_and_recover() {
+    use rustix::process::{getrlimit, prlimit, Pid, Resource, Rlimit};
+    let d = dir("emfile");
+    let socket = d.join("s.sock");
+    let mut child = bin()
+        .env("RUST_LOG", "info")
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening"), "{line:?}");
+    let mut stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let pid = Pid::from_raw(child.id() as i32).unwrap();
+    let old = prlimit(
+        Some(pid),
+        Resource::Nofile,
+        Rlimit {
+            current: Some(lowest_free_fd(child.id())),
+            // The child's (inherited from this process): raising it needs privileges.
+            maximum: getrlimit(Resource::Nofile).maximum,
+        },
+    )
+    .unwrap();
+    // Both sockets have a connection waiting that cannot be accepted (EMFILE).
+    let _waiting_control = std::os::unix::net::UnixStream::connect(d.join("s.sock.ctl")).unwrap();
+    let _waiting_frontend = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    prlimit(Some(pid), Resource::Nofile, old).unwrap();
+    // Served again once descriptors are back (the back-off sleeps at most a second).
+    assert_eq!(status(&d.join("s.sock.ctl"))["ok"], true);
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    assert!(
+        child.wait().unwrap().success(),
+        "the daemon stayed up and stopped cleanly"
+    );
+    let text = log.join().unwrap();
+    let failures = text.lines().filter(|l| l.contains("accept failed")).count();
+    assert!(failures >= 1, "the failure is logged: {text}");
+    assert!(
+        failures <= 40,
+        "{failures} log lines in 2 s: the loops must back off, not spin"
+    );
+    eprintln!("accept failures logged in 2 s: {failures}");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -96,7 +96,10 @@ mod tests {
     #[test]
     fn a_flood_is_logged_at_the_first_ten_and_each_doubling() {
         let logged: Vec<u64> = (1..=1000).filter(|&n| log_this(n)).collect();
-        assert_eq!(logged, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 32, 64, 128, 256, 512]);
+        assert_eq!(
+            logged,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 32, 64, 128, 256, 512]
+        );
     }
 
     fn ms(n: u64) -> Duration {

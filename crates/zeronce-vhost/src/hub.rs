@@ -173,16 +173,26 @@ impl Hub {
     /// The connection now served (`None`: it ended, and its device's counters join the
     /// totals of ended sessions).
     pub(crate) fn set_session(&self, session: Option<Session>) {
+        // The totals stay locked while the session is replaced, so a reader of
+        // [`Hub::device_totals`] sees the ended session's counts exactly once.
+        let mut totals = lock(&self.ended);
         let ended = std::mem::replace(&mut *lock(&self.current), session);
         if let Some(s) = ended {
-            let m = s.backend.lock().device().metrics();
-            lock(&self.ended).add(&m);
+            totals.add(&s.backend.lock().device().metrics());
         }
     }
 
-    /// The device counters of the sessions that ended.
-    pub(crate) fn ended_totals(&self) -> DeviceTotals {
-        lock(&self.ended).clone()
+    /// The device counters of every session (the ended ones and the current one), and
+    /// whether a front-end is connected.
+    pub(crate) fn device_totals(&self) -> (DeviceTotals, bool) {
+        let ended = lock(&self.ended);
+        let mut totals = ended.clone();
+        let current = self.backend();
+        if let Some(b) = &current {
+            totals.add(&b.lock().device().metrics());
+        }
+        drop(ended);
+        (totals, current.is_some())
     }
 
     /// Keeps a duplicate of `l`, to wake its `accept` at [`Hub::stop`].

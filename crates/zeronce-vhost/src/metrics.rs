@@ -77,10 +77,7 @@ impl DeviceTotals {
 
 /// The page: the daemon's counters and the device totals (ended sessions + the current).
 pub(crate) fn render(hub: &Hub) -> String {
-    let mut totals = hub.ended_totals();
-    let connected = hub
-        .backend()
-        .map(|b| totals.add(&b.lock().device().metrics()));
+    let (totals, connected) = hub.device_totals();
     let mut e = Exposition::new();
     e.counter("zeronce_vhost_connections_total", "Front-end connections served.", hub.connections())
         .counter(
@@ -98,7 +95,7 @@ pub(crate) fn render(hub: &Hub) -> String {
             "Control connections refused because the limit was reached.",
             hub.control_slots.refused(),
         )
-        .gauge("zeronce_vhost_connected", "1 while a front-end is connected.", f64::from(u8::from(connected.is_some())))
+        .gauge("zeronce_vhost_connected", "1 while a front-end is connected.", f64::from(u8::from(connected)))
         .gauge("zeronce_balloon_target_pages", "The balloon target (num_pages, 4 KiB pages).", f64::from(hub.target()));
     for ((name, help), v) in DEVICE.iter().zip(totals.counts) {
         e.counter(name, help, v);

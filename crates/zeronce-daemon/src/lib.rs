@@ -13,7 +13,7 @@
 //! - [`accept`]: [`AcceptBackoff`] (an accept loop that sleeps, doubling up to a second,
 //!   on `EMFILE` / `ENFILE` / `ENOBUFS` / `ENOMEM`), [`ConnLimit`] (at most N
 //!   connections, each held by a [`ConnSlot`]) and [`refuse`] (one line, then close).
-//! - [`line`]: [`read_line`], a line of at most N bytes that must be UTF-8.
+//! - [`line`](mod@line): [`read_line`], a line of at most N bytes that must be UTF-8.
 //! - [`notify`]: `sd_notify` (`READY=1`, `STOPPING=1`) when `NOTIFY_SOCKET` is set.
 //! - [`prometheus`]: the Prometheus text exposition format, and [`endpoint`]: the opt-in
 //!   HTTP endpoint that serves it (a unix socket or a loopback port).

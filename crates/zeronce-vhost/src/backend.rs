@@ -296,7 +296,7 @@ impl VhostUserBackend for BalloonBackend {
 
     /// None: `vhost-user-backend` 0.24 registers the exit event's consumer with
     /// `into_raw_fd` and never closes it, one eventfd leaked per session. The vring
-    /// thread is ended by the session's own [`ExitEvent`] instead.
+    /// thread is ended by the session's own `ExitEvent` instead.
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         None
     }

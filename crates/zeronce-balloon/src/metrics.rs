@@ -31,15 +31,8 @@ impl Counter {
     }
 }
 
-/// Events of one class logged in full before the log thins out.
-pub(crate) const LOG_FIRST: u64 = 10;
-
-/// Whether the `n`th event (1-based) of one class is logged: the first [`LOG_FIRST`],
-/// then one line at each doubling of the count, which carries the count. A flood of
-/// `n` events costs `LOG_FIRST + log2(n)` lines; the counters stay exact.
-pub(crate) fn log_this(n: u64) -> bool {
-    n <= LOG_FIRST || n.is_power_of_two()
-}
+/// The doubling scheme of every rate-limited log line (defined once, in `zeronce-types`).
+pub use zeronce_types::rate::{log_this, LOG_FIRST};
 
 /// Message of a refused guest request (rate-limited by [`log_this`]).
 pub(crate) const REFUSED: &str =

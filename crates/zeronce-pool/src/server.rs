@@ -22,6 +22,9 @@ pub enum ServeError {
     /// Another daemon answers on the socket.
     #[error("{0} is in use by a running pool daemon")]
     InUse(PathBuf),
+    /// The socket path holds something other than a socket, or the mode is not one.
+    #[error(transparent)]
+    Bind(zeronce_daemon::BindError),
     /// Socket setup or polling failed.
     #[error("control socket {path}: {source}")]
     Socket {
@@ -44,25 +47,35 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     limits: Limits,
     conns: Arc<Connections>,
+    peers: zeronce_daemon::PeerGate,
 }
 
 impl Server {
-    /// Binds `path` (replacing a stale socket no daemon answers on).
+    /// Binds `path` with [`zeronce_daemon::Access::default`]: mode 0600, only the daemon's
+    /// user and root may talk to it.
     pub fn bind(pool: Arc<Pool>, path: &Path) -> Result<Server, ServeError> {
+        Self::bind_with(pool, path, &zeronce_daemon::Access::default())
+    }
+
+    /// Binds `path` ([`zeronce_daemon::bind`]: a stale socket no daemon answers on is
+    /// replaced, a live one or a non-socket refused, the file gets `access`' mode and
+    /// group whatever the umask); peers are checked against `access` at accept.
+    pub fn bind_with(
+        pool: Arc<Pool>,
+        path: &Path,
+        access: &zeronce_daemon::Access,
+    ) -> Result<Server, ServeError> {
         let sock_err = |source| ServeError::Socket {
             path: path.to_owned(),
             source,
         };
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(ServeError::InUse(path.to_owned()));
-            }
-            std::fs::remove_file(path).map_err(sock_err)?;
-        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(sock_err)?;
         }
-        let listener = UnixListener::bind(path).map_err(sock_err)?;
+        let listener = zeronce_daemon::bind(path, &access.socket).map_err(|e| match e {
+            zeronce_daemon::BindError::Live(p) => ServeError::InUse(p),
+            e => ServeError::Bind(e),
+        })?;
         listener.set_nonblocking(true).map_err(sock_err)?;
         Ok(Server {
             pool,
@@ -71,6 +84,7 @@ impl Server {
             stop: Arc::default(),
             limits: Limits::default(),
             conns: Arc::default(),
+            peers: zeronce_daemon::PeerGate::new(access.peers.clone(), "pool"),
         })
     }
 
@@ -108,14 +122,17 @@ impl Server {
     /// current page, state file written).
     pub fn run(self) -> Result<(), ServeError> {
         tracing::info!(socket = %self.path.display(), "serving");
+        zeronce_daemon::notify::notify_or_log(zeronce_daemon::notify::READY);
         let tick = Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         };
         let mut ticks: u64 = 0;
+        let mut backoff = zeronce_daemon::AcceptBackoff::new("pool");
         let result = loop {
             if self.stop.load(Ordering::Acquire) {
                 tracing::info!("shutting down");
+                zeronce_daemon::notify::notify_or_log(zeronce_daemon::notify::STOPPING);
                 break Ok(());
             }
             let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
@@ -136,9 +153,16 @@ impl Server {
                 }
             }
             match self.listener.accept() {
-                Ok((stream, _)) => self.spawn_client(stream),
+                Ok((stream, _)) => {
+                    backoff.succeeded();
+                    if self.peers.admit(&stream).is_some() {
+                        self.spawn_client(stream);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => tracing::warn!(%e, "accept failed"),
+                // Out of descriptors (EMFILE/ENFILE) or memory: sleep, doubling up to 1 s,
+                // instead of a warning per poll.
+                Err(e) => std::thread::sleep(backoff.failed(&e)),
             }
         };
         let _ = std::fs::remove_file(&self.path);

@@ -10,7 +10,8 @@
 //!   poisoning).
 //! - [`clock`]: how a configured duration becomes a deadline (saturating, never a panic).
 //! - [`size`]: how an operator's size (`512M`) is read: one grammar for every command.
-//! - [`rate`]: how events are rate-limited without losing one (a trailing event).
+//! - [`rate`]: how events are rate-limited without losing one (a trailing event), and how
+//!   a flood of log lines is thinned (the first ten, then one at each doubling).
 //!
 //! Where this crate sits among the others: the repository's `docs/ARCHITECTURE.md` (§2).
 #![forbid(unsafe_code)]

@@ -10,6 +10,11 @@
 //! Pure: time is a parameter of every call (any monotonic [`Duration`] since an origin
 //! the caller picks), so the rule is testable without sleeping. One [`RateLimit`] is one
 //! stream of events; an owner of several streams (one per node) keeps one per stream.
+//!
+//! For log lines about a flood of events of one class there is a second, stateless rule:
+//! [`log_this`] (the first [`LOG_FIRST`], then one at each doubling of the count), used by
+//! the balloon device's refused-input lines and the daemons' refused-peer and failed-accept
+//! lines.
 
 use std::time::Duration;
 
@@ -74,9 +79,28 @@ impl RateLimit {
     }
 }
 
+/// Events of one class logged in full before [`log_this`] thins the log out.
+pub const LOG_FIRST: u64 = 10;
+
+/// Whether the `n`th event (1-based) of one class is logged: the first [`LOG_FIRST`],
+/// then one line at each doubling of the count, which carries the count. A flood of
+/// `n` events costs `LOG_FIRST + log2(n)` lines; the counters stay exact.
+pub fn log_this(n: u64) -> bool {
+    n <= LOG_FIRST || n.is_power_of_two()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flood_is_logged_at_the_first_ten_and_each_doubling() {
+        let logged: Vec<u64> = (1..=1000).filter(|&n| log_this(n)).collect();
+        assert_eq!(
+            logged,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 32, 64, 128, 256, 512]
+        );
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

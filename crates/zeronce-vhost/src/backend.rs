@@ -17,9 +17,8 @@ use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zeronce_balloon::{
     BalloonDevice, BalloonError, BalloonOptions, FeatureSet, InterruptSignal, MmapDiscarder,
 };
@@ -75,6 +74,41 @@ impl InterruptSignal for Irq {
         };
         if let Err(e) = sock.write_all(&wire::config_change_msg()) {
             tracing::warn!(error = %e, "cannot send CONFIG_CHANGE_MSG");
+        }
+    }
+}
+
+/// The event that ends a session's vring thread: an eventfd the session owns (and so
+/// closes), registered with the thread's epoll as a listener the backend answers with
+/// an error, which ends the thread's loop.
+pub(crate) struct ExitEvent {
+    fd: EventFd,
+}
+
+impl ExitEvent {
+    /// The epoll data of the exit event: past the queues and the framework's own event.
+    fn id(num_queues: usize) -> usize {
+        num_queues + 1
+    }
+
+    /// Registers a fresh exit event with every vring thread of `daemon`.
+    pub(crate) fn register(
+        daemon: &vhost_user_backend::VhostUserDaemon<BalloonBackend>,
+        backend: &BalloonBackend,
+    ) -> io::Result<ExitEvent> {
+        use std::os::fd::AsRawFd;
+        let fd = EventFd::new(EFD_NONBLOCK)?;
+        let id = ExitEvent::id(backend.inner.num_queues) as u64;
+        for h in daemon.get_epoll_handlers() {
+            h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
+        }
+        Ok(ExitEvent { fd })
+    }
+
+    /// Tells the vring threads to end.
+    pub(crate) fn fire(&self) {
+        if let Err(e) = self.fd.write(1) {
+            tracing::error!(error = %e, "cannot end the vring thread");
         }
     }
 }
@@ -264,10 +298,11 @@ impl VhostUserBackend for BalloonBackend {
         Ok(())
     }
 
+    /// None: `vhost-user-backend` 0.24 registers the exit event's consumer with
+    /// `into_raw_fd` and never closes it, one eventfd leaked per session. The vring
+    /// thread is ended by the session's own `ExitEvent` instead.
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
-            .map_err(|e| tracing::error!(error = %e, "no exit event for the vring thread"))
-            .ok()
+        None
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
@@ -309,6 +344,10 @@ impl VhostUserBackend for BalloonBackend {
         vrings: &[VringRwLock],
         _thread_id: usize,
     ) -> io::Result<()> {
+        if usize::from(device_event) == ExitEvent::id(self.inner.num_queues) {
+            // Ends the vring thread's loop (its error is the framework's way out).
+            return Err(io::Error::other("the session ended"));
+        }
         if usize::from(device_event) >= self.inner.num_queues {
             return Ok(());
         }

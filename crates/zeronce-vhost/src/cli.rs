@@ -7,16 +7,20 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use zeronce_balloon::{BalloonOptions, FeatureOffer};
+use zeronce_daemon::endpoint::{parse_metrics_addr, MetricsAddr};
+use zeronce_daemon::AccessArgs;
 use zeronce_types::size::parse_size;
 
 use crate::control;
-use crate::hub::ServeConfig;
+use crate::hub::{Limits, ServeConfig};
 use crate::server;
 
 /// `serve`: run the balloon device as a vhost-user back-end.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// The vhost-user socket to listen on (the front-end connects to it; must not exist).
+    /// The vhost-user socket to listen on (the front-end connects to it). A stale socket
+    /// of a killed daemon is replaced; a live one, or a path that is not a socket, is
+    /// refused.
     #[arg(long)]
     pub socket: PathBuf,
     /// The control socket (default: SOCKET.ctl).
@@ -34,6 +38,13 @@ pub struct ServeArgs {
     /// know them ignore them).
     #[arg(long)]
     pub zero_hints: bool,
+    /// Who may connect to both sockets.
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// Serve the counters as a Prometheus page (HTTP GET) on this unix socket path or
+    /// loopback address (127.0.0.1:PORT); off by default.
+    #[arg(long, value_parser = parse_metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// `balloon`: talk to a running `serve` through its control socket.
@@ -106,6 +117,9 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
             ..BalloonOptions::default()
         },
         num_pages: pages(args.target)?,
+        access: args.access.access(),
+        limits: Limits::default(),
+        metrics: args.metrics.clone(),
     };
     server::serve(config, |_| {
         // A reader that has gone (`serve | head -1`) must not stop the daemon.

@@ -3,10 +3,14 @@
 //! | request | effect | answer |
 //! |---|---|---|
 //! | `{"op":"set","pages":N}` | target `num_pages` = N (4 KiB pages); the guest is told (`CONFIG_CHANGE_MSG`) | `{"ok":true,"num_pages":N}` |
-//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
+//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"refused_peers":…,"refused_control_connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
 //! | `{"op":"stats","timeout_ms":T}` | asks the guest for fresh statistics, waits up to T ms for them | the status, with `"fresh":true/false` |
 //!
-//! A bad request gets `{"ok":false,"error":"…"}` and the connection stays usable.
+//! A bad request (not JSON, not UTF-8) gets `{"ok":false,"error":"…"}` and the
+//! connection stays usable; a line longer than 4 KiB gets one and the connection is
+//! closed. The socket is the daemon's user's (mode 0600, peer credentials checked);
+//! connections are bounded in number and closed after a minute of silence
+//! ([`crate::Limits`]).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -17,6 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use thiserror::Error;
 use zeronce_balloon::{BalloonMetrics, GuestStats};
+use zeronce_daemon::{read_line, refuse, AcceptBackoff, Line};
+use zeronce_types::rate::log_this;
 
 use crate::hub::Hub;
 
@@ -27,52 +33,69 @@ const MAX_ANSWER: u64 = 1 << 20;
 /// Longest wait for fresh statistics.
 const MAX_STATS_WAIT: Duration = Duration::from_secs(30);
 
-/// Serves control connections until the hub stops.
+/// Serves control connections until the hub stops: each in a thread of its own, at most
+/// [`crate::Limits::control_connections`] at once (one more gets an error line), only
+/// from allowed peers, each closed after [`crate::Limits::control_idle`] of silence.
 pub(crate) fn serve(hub: &Arc<Hub>, listener: &UnixListener) {
+    let mut backoff = AcceptBackoff::new("control");
     loop {
-        match listener.accept() {
-            Ok((s, _)) if !hub.stopping() => {
-                let hub = Arc::clone(hub);
-                let spawned = std::thread::Builder::new()
-                    .name("zeronce-control-conn".into())
-                    .spawn(move || {
-                        if let Err(e) = connection(&hub, s) {
-                            tracing::debug!(error = %e, "control connection ended");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!(error = %e, "cannot serve a control connection");
-                }
-            }
+        let s = match listener.accept() {
             _ if hub.stopping() => return,
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "control accept failed"),
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                std::thread::sleep(backoff.failed(&e));
+                continue;
+            }
+        };
+        backoff.succeeded();
+        if hub.control_peers.admit(&s).is_none() {
+            continue;
+        }
+        let Some(slot) = hub.control_slots.try_acquire() else {
+            let max = hub.control_slots.max();
+            let n = hub.control_slots.refused();
+            if log_this(n) {
+                tracing::warn!(max, refused = n, "control connection refused: too many");
+            }
+            let msg = format!("too many control connections (at most {max}); try again");
+            refuse(s, &error(&msg).to_string());
+            continue;
+        };
+        let hub = Arc::clone(hub);
+        let spawned = std::thread::Builder::new()
+            .name("zeronce-control-conn".into())
+            .spawn(move || {
+                let _slot = slot;
+                if let Err(e) = connection(&hub, s) {
+                    tracing::debug!(error = %e, "control connection ended");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot serve a control connection");
         }
     }
 }
 
 fn connection(hub: &Hub, s: UnixStream) -> io::Result<()> {
+    let idle = hub.config().limits.control_idle;
+    s.set_read_timeout(Some(idle))?;
+    // A client that does not read its answers does not hold the thread for ever.
+    s.set_write_timeout(Some(idle))?;
     let mut out = s.try_clone()?;
     let mut reader = BufReader::new(s);
-    let mut line = String::new();
     loop {
-        line.clear();
-        let n = (&mut reader)
-            .take(MAX_LINE as u64 + 1)
-            .read_line(&mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let answer = if n > MAX_LINE {
-            error("request line too long")
-        } else {
-            match serde_json::from_str::<Value>(&line) {
-                Ok(req) => handle(hub, &req),
-                Err(e) => error(&format!("not JSON: {e}")),
-            }
+        let (answer, close) = match read_line(&mut reader, MAX_LINE)? {
+            Line::Eof => return Ok(()),
+            Line::TooLong => (error("request line too long"), true),
+            Line::NotUtf8 => (error("request line is not UTF-8"), false),
+            Line::Text(line) => match serde_json::from_str::<Value>(&line) {
+                Ok(req) => (handle(hub, &req), false),
+                Err(e) => (error(&format!("not JSON: {e}")), false),
+            },
         };
         writeln!(out, "{answer}")?;
-        if n > MAX_LINE {
+        if close {
             return Ok(());
         }
     }
@@ -144,6 +167,8 @@ fn status(hub: &Hub, fresh: Option<bool>) -> Value {
         "connected": false,
         "connections": hub.connections(),
         "rejected_connections": hub.rejected(),
+        "refused_peers": hub.refused_peers(),
+        "refused_control_connections": hub.control_slots.refused(),
         "num_pages": hub.target(),
     });
     if let Some(backend) = hub.backend() {

@@ -7,11 +7,15 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use zeronce_balloon::BalloonOptions;
+use zeronce_daemon::endpoint::MetricsAddr;
+use zeronce_daemon::{Access, ConnLimit, PeerGate};
 use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
+use crate::metrics::DeviceTotals;
 
 /// What `zeronce serve` needs.
 #[derive(Clone, Debug)]
@@ -24,6 +28,35 @@ pub struct ServeConfig {
     pub balloon: BalloonOptions,
     /// The initial target (`num_pages`, 4 KiB pages).
     pub num_pages: u32,
+    /// Who may reach both sockets (mode 0600 and the daemon's user by default).
+    pub access: Access,
+    /// How long and how many clients may hold the daemon.
+    pub limits: Limits,
+    /// Where to serve the Prometheus page (`None`: nowhere).
+    pub metrics: Option<MetricsAddr>,
+}
+
+/// The daemon's bounds on its clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a new vhost-user connection may take to send its first message header
+    /// (and any message its payload once its header began); one that does not is
+    /// closed, so it cannot keep the next front-end waiting.
+    pub handshake: Duration,
+    /// Control connections served at once; one more gets a refusal line.
+    pub control_connections: usize,
+    /// How long a control connection may stay silent before it is closed.
+    pub control_idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            handshake: Duration::from_secs(5),
+            control_connections: 16,
+            control_idle: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The connection being served.
@@ -43,11 +76,23 @@ pub struct Hub {
     stopping: AtomicBool,
     current: Mutex<Option<Session>>,
     listeners: Mutex<Vec<UnixListener>>,
+    /// Peers of the vhost-user socket.
+    pub(crate) vhost_peers: PeerGate,
+    /// Peers of the control socket.
+    pub(crate) control_peers: PeerGate,
+    /// Control connections being served.
+    pub(crate) control_slots: ConnLimit,
+    /// The device counters of the sessions that ended.
+    ended: Mutex<DeviceTotals>,
 }
 
 impl Hub {
     pub(crate) fn new(config: ServeConfig) -> Hub {
         Hub {
+            vhost_peers: PeerGate::new(config.access.peers.clone(), "vhost-user"),
+            control_peers: PeerGate::new(config.access.peers.clone(), "control"),
+            control_slots: ConnLimit::new(config.limits.control_connections),
+            ended: Mutex::default(),
             target: AtomicU32::new(config.num_pages),
             config,
             connections: AtomicU64::new(0),
@@ -81,9 +126,15 @@ impl Hub {
     }
 
     /// Connections to the vhost-user socket refused because they were not a front-end
-    /// (a control request sent to the wrong socket).
+    /// (a control request sent to the wrong socket, or no message header within the
+    /// handshake timeout).
     pub fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Connections refused because their peer is not allowed (both sockets).
+    pub fn refused_peers(&self) -> u64 {
+        self.vhost_peers.refused() + self.control_peers.refused()
     }
 
     /// The target in 4 KiB pages.
@@ -119,9 +170,29 @@ impl Hub {
         self.rejected.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// The connection now served (`None`: it ended).
+    /// The connection now served (`None`: it ended, and its device's counters join the
+    /// totals of ended sessions).
     pub(crate) fn set_session(&self, session: Option<Session>) {
-        *lock(&self.current) = session;
+        // The totals stay locked while the session is replaced, so a reader of
+        // [`Hub::device_totals`] sees the ended session's counts exactly once.
+        let mut totals = lock(&self.ended);
+        let ended = std::mem::replace(&mut *lock(&self.current), session);
+        if let Some(s) = ended {
+            totals.add(&s.backend.lock().device().metrics());
+        }
+    }
+
+    /// The device counters of every session (the ended ones and the current one), and
+    /// whether a front-end is connected.
+    pub(crate) fn device_totals(&self) -> (DeviceTotals, bool) {
+        let ended = lock(&self.ended);
+        let mut totals = ended.clone();
+        let current = self.backend();
+        if let Some(b) = &current {
+            totals.add(&b.lock().device().metrics());
+        }
+        drop(ended);
+        (totals, current.is_some())
     }
 
     /// Keeps a duplicate of `l`, to wake its `accept` at [`Hub::stop`].

@@ -19,7 +19,7 @@
 //! (`server`) over the shared state (`hub`), the normalising relay in front of rust-vmm's
 //! request handler (`relay`, `wire`: the 72-byte `SET_MEM_TABLE` of `virtio_uml`, and
 //! the back-end request channel on which `CONFIG_CHANGE_MSG` announces a new target), and
-//! the socket path checks (`path`).
+//! the socket path checks (`path`), and the Prometheus page (`metrics`, `--metrics`).
 //!
 //! Where the daemon sits in the whole system, and how it maps the guest's memory: the
 //! repository's `docs/ARCHITECTURE.md` (§2, §9).
@@ -32,21 +32,26 @@ pub mod cli;
 pub mod control;
 mod frontend;
 mod hub;
+mod metrics;
 mod path;
 mod relay;
 mod server;
 mod wire;
 
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]
 mod restart_tests;
+#[cfg(test)]
+mod soak_tests;
 #[cfg(test)]
 mod vmm_tests;
 
 pub use backend::{BalloonBackend, DeviceGuard};
 pub use child::ServeProcess;
 pub use frontend::VhostUserTransport;
-pub use hub::{Hub, ServeConfig};
+pub use hub::{Hub, Limits, ServeConfig};
 pub use path::SocketPathError;
 pub use server::{serve, ServeError};

@@ -1,11 +1,14 @@
 //! Socket paths the daemon listens on: checked before anything is created, so a mistake
-//! is a clear error and never a half-started daemon.
+//! is a clear error and never a half-started daemon. What is at the path already (a
+//! stale socket is replaced; a live one or a file refused) and the mode the socket gets
+//! are [`zeronce_daemon::socket`]'s rules, shared with the pool daemon.
 
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
+use zeronce_daemon::{BindError, SocketOptions};
 
 /// `sizeof(sockaddr_un.sun_path)` minus the terminating NUL.
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -13,9 +16,9 @@ pub const MAX_SOCKET_PATH: usize = 107;
 /// Why a socket path cannot be used.
 #[derive(Debug, Error)]
 pub enum SocketPathError {
-    /// Something already exists there (a stale socket of a killed daemon, or a file).
-    #[error("{}: already exists (remove it if it is a stale socket of a stopped daemon)", .0.display())]
-    Exists(PathBuf),
+    /// A live socket or something other than a socket is there, or binding failed.
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// Longer than a unix socket address holds.
     #[error("{}: {len} bytes, a unix socket path holds at most {MAX_SOCKET_PATH}", .path.display())]
     TooLong {
@@ -30,18 +33,9 @@ pub enum SocketPathError {
     /// Empty.
     #[error("the socket path is empty")]
     Empty,
-    /// Binding failed.
-    #[error("{}: cannot listen: {source}", .path.display())]
-    Bind {
-        /// The path.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
 }
 
-/// Checks `path` can become a listening socket: non-empty, short enough, no ':', and
-/// nothing there yet.
+/// Checks `path` can name a listening socket: non-empty, short enough, no ':'.
 pub fn check(path: &Path) -> Result<(), SocketPathError> {
     let bytes = path.as_os_str().as_bytes();
     if bytes.is_empty() {
@@ -56,9 +50,6 @@ pub fn check(path: &Path) -> Result<(), SocketPathError> {
     if bytes.contains(&b':') {
         return Err(SocketPathError::Colon(path.to_owned()));
     }
-    if path.symlink_metadata().is_ok() {
-        return Err(SocketPathError::Exists(path.to_owned()));
-    }
     Ok(())
 }
 
@@ -70,13 +61,11 @@ pub struct BoundSocket {
 }
 
 impl BoundSocket {
-    /// Checks `path` ([`check`]) and listens on it.
-    pub fn bind(path: &Path) -> Result<BoundSocket, SocketPathError> {
+    /// Checks `path` ([`check`]) and listens on it ([`zeronce_daemon::bind`]: a stale
+    /// socket replaced, the file given `options`' mode and group).
+    pub fn bind(path: &Path, options: &SocketOptions) -> Result<BoundSocket, SocketPathError> {
         check(path)?;
-        let listener = UnixListener::bind(path).map_err(|source| SocketPathError::Bind {
-            path: path.to_owned(),
-            source,
-        })?;
+        let listener = zeronce_daemon::bind(path, options)?;
         Ok(BoundSocket {
             listener,
             path: path.to_owned(),
@@ -113,10 +102,14 @@ mod tests {
         ));
         assert!(matches!(check(Path::new("")), Err(SocketPathError::Empty)));
         let sock = dir.join("s");
-        let bound = BoundSocket::bind(&sock).unwrap();
-        let e = BoundSocket::bind(&sock).unwrap_err();
-        assert!(matches!(e, SocketPathError::Exists(_)), "{e}");
-        assert!(e.to_string().contains("already exists"));
+        let opts = SocketOptions::default();
+        let bound = BoundSocket::bind(&sock, &opts).unwrap();
+        let e = BoundSocket::bind(&sock, &opts).unwrap_err();
+        assert!(
+            matches!(e, SocketPathError::Bind(BindError::Live(_))),
+            "{e}"
+        );
+        assert!(e.to_string().contains("a running daemon listens"));
         drop(bound);
         assert!(!sock.exists(), "removed on drop");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -11,6 +11,7 @@ use std::sync::{mpsc, Arc};
 
 use serde_json::json;
 use zeronce_balloon::BalloonOptions;
+use zeronce_daemon::endpoint::{scrape, MetricsAddr};
 
 use crate::relay::{recv_message, send_message};
 use crate::wire::{self, Header};
@@ -26,15 +27,20 @@ pub(crate) const NEED_REPLY: u32 = 0x8;
 const REPLY: u32 = 0x4;
 
 pub(crate) struct Daemon {
-    hub: Arc<Hub>,
+    pub(crate) hub: Arc<Hub>,
     pub(crate) socket: PathBuf,
     pub(crate) control: PathBuf,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
     pub(crate) fn start(name: &str) -> Daemon {
+        Daemon::start_with(name, false)
+    }
+
+    /// A daemon; with `metrics`, its Prometheus page on `dir/metrics.sock`.
+    pub(crate) fn start_with(name: &str, metrics: bool) -> Daemon {
         let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -45,6 +51,12 @@ impl Daemon {
             control: control.clone(),
             balloon: BalloonOptions::default(),
             num_pages: 0,
+            access: zeronce_daemon::Access::default(),
+            limits: crate::Limits {
+                handshake: std::time::Duration::from_millis(500),
+                ..crate::Limits::default()
+            },
+            metrics: metrics.then(|| MetricsAddr::Unix(dir.join("metrics.sock"))),
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
@@ -110,7 +122,7 @@ pub(crate) fn mem_table(size: u64, slots: usize) -> Vec<u8> {
 }
 
 /// `virtio_uml`'s SET_MEM_TABLE: one region, two slots (72 bytes).
-fn uml_mem_table(size: u64) -> Vec<u8> {
+pub(crate) fn uml_mem_table(size: u64) -> Vec<u8> {
     let p = mem_table(size, 2);
     assert_eq!(p.len(), 72);
     p
@@ -133,7 +145,7 @@ fn num_pages(s: &UnixStream) -> u32 {
 }
 
 /// Negotiates like `virtio_uml` does at boot and module load; returns the back-end channel.
-fn handshake(s: &UnixStream) -> UnixStream {
+pub(crate) fn handshake(s: &UnixStream) -> UnixStream {
     send(s, SET_OWNER, 0, &[], &[]);
     send(s, GET_FEATURES, 0, &[], &[]);
     let offered = u64::from_le_bytes(reply(s, GET_FEATURES)[..8].try_into().unwrap());
@@ -217,4 +229,51 @@ fn uml_mem_table_config_and_config_change_over_the_backend_channel() {
     );
     let status = control::request(&d.control, &json!({"op": "status"})).unwrap();
     assert_eq!(status["connections"], 2);
+}
+
+/// Parses a Prometheus text page: every metric has `# HELP` and `# TYPE` before its
+/// samples, counters end in `_total`, and every sample's value is a number.
+fn parse_page(text: &str) -> std::collections::HashMap<String, f64> {
+    let mut typed = std::collections::HashSet::new();
+    let mut samples = std::collections::HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            assert!(kind == "counter" || kind == "gauge", "{line}");
+            assert!(kind != "counter" || name.ends_with("_total"), "{line}");
+            typed.insert(name.to_owned());
+        } else if !line.starts_with("# HELP ") {
+            let (key, value) = line.rsplit_once(' ').expect("name value");
+            let name = key.split('{').next().unwrap();
+            assert!(typed.contains(name), "{name}: a sample before its # TYPE");
+            samples.insert(key.to_owned(), value.parse().expect("a number"));
+        }
+    }
+    samples
+}
+
+#[test]
+fn the_metrics_page_parses_and_keeps_the_counts_of_ended_sessions() {
+    let d = Daemon::start_with("metrics", true);
+    let addr = MetricsAddr::Unix(d.dir.join("metrics.sock"));
+    let s = UnixStream::connect(&d.socket).unwrap();
+    let channel = handshake(&s);
+    control::request(&d.control, &json!({"op": "set", "pages": 16})).unwrap();
+    recv_message(&channel).unwrap().expect("CONFIG_CHANGE_MSG");
+    let page = parse_page(&scrape(&addr).unwrap());
+    assert_eq!(page["zeronce_vhost_connected"], 1.0);
+    assert_eq!(page["zeronce_balloon_config_changes_total"], 1.0);
+    assert_eq!(page["zeronce_balloon_target_pages"], 16.0);
+    assert_eq!(
+        page["zeronce_balloon_malformed_total{class=\"BadChain\"}"],
+        0.0
+    );
+    drop((s, channel));
+    // The next session: the first one's counts stay in the totals.
+    let s = UnixStream::connect(&d.socket).unwrap();
+    let _channel = handshake(&s);
+    let page = parse_page(&scrape(&addr).unwrap());
+    assert_eq!(page["zeronce_vhost_connections_total"], 2.0);
+    // The first session's change, and the second device's initial target (16 pages).
+    assert_eq!(page["zeronce_balloon_config_changes_total"], 2.0);
 }

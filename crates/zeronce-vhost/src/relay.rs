@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -26,6 +27,32 @@ use rustix::net::{
 use zeronce_types::sync::lock;
 
 use crate::wire::{self, Header, Normalized, HEADER_SIZE, MAX_REGIONS};
+
+/// Refuses memory regions that reach past the end of the file backing them: mapped, the
+/// part past the end is not backed, and the device's first access to it (a vring placed
+/// there) would kill the daemon with SIGBUS. Files that are not regular files (no size
+/// to check) pass.
+fn check_regions(m: &Message) -> Result<(), String> {
+    for (i, r) in wire::regions(&m.header, &m.payload).iter().enumerate() {
+        let Some(fd) = m.fds.get(i) else {
+            return Err(format!("region {i} has no file descriptor"));
+        };
+        let st = rustix::fs::fstat(fd).map_err(|e| format!("region {i}: fstat: {e}"))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            continue;
+        }
+        let file = u64::try_from(st.st_size).unwrap_or(0);
+        let end = r.mmap_offset.checked_add(r.size);
+        if end.is_none_or(|end| end > file) {
+            return Err(format!(
+                "region {i} ({} bytes at file offset {}) is larger than its file ({file} bytes): \
+                 a ring in it would kill the daemon with SIGBUS",
+                r.size, r.mmap_offset
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// One front-end message with the file descriptors that came with it.
 #[derive(Debug)]
@@ -39,7 +66,31 @@ pub struct Message {
 }
 
 /// Receives one message; `Ok(None)` on end of stream before a header.
+#[cfg(test)]
 pub fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
+    recv_message_within(sock, None)
+}
+
+/// Receives one message, waiting as long as it takes for its first byte and then at most
+/// `rest` for the others (`None`: no limit), so a front-end that sends part of a message
+/// and stops is an error, not a relay thread stuck for ever.
+pub fn recv_message_within(
+    sock: &UnixStream,
+    rest: Option<Duration>,
+) -> io::Result<Option<Message>> {
+    let mut timed = false;
+    let result = recv_message_timed(sock, rest, &mut timed);
+    if timed {
+        sock.set_read_timeout(None)?;
+    }
+    result
+}
+
+fn recv_message_timed(
+    sock: &UnixStream,
+    rest: Option<Duration>,
+    timed: &mut bool,
+) -> io::Result<Option<Message>> {
     let mut head = [0u8; HEADER_SIZE];
     let mut got = 0;
     let mut fds = Vec::new();
@@ -64,6 +115,10 @@ pub fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         got += r.bytes;
+        if rest.is_some() && !*timed {
+            sock.set_read_timeout(rest)?;
+            *timed = true;
+        }
     }
     let header = Header::decode(&head);
     wire::check_header(&header).map_err(io::Error::other)?;
@@ -113,17 +168,19 @@ pub struct Relay {
 impl Relay {
     /// Relays between `frontend` (the front-end's connection) and `backend` (the
     /// handler's end), storing a duplicate of the back-end request channel in `slot`.
+    /// A message whose first byte came must be whole within `message_timeout`.
     pub fn start(
         frontend: UnixStream,
         backend: UnixStream,
         slot: BackendChannelSlot,
+        message_timeout: Duration,
     ) -> io::Result<Relay> {
         let (f_in, b_out) = (frontend.try_clone()?, backend.try_clone()?);
         let (f_out, b_in) = (frontend.try_clone()?, backend);
         let forward = std::thread::Builder::new()
             .name("vhost-relay-in".into())
             .spawn(move || {
-                if let Err(e) = forward(&f_in, &b_out, &slot) {
+                if let Err(e) = forward(&f_in, &b_out, &slot, message_timeout) {
                     tracing::info!(error = %e, "front-end connection ended");
                 }
                 let _ = b_out.shutdown(Shutdown::Both);
@@ -157,12 +214,29 @@ impl Relay {
 }
 
 /// Front-end to handler: parse, normalise, note the back-end channel, forward.
-fn forward(from: &UnixStream, to: &UnixStream, slot: &BackendChannelSlot) -> io::Result<()> {
-    while let Some(mut m) = recv_message(from)? {
+fn forward(
+    from: &UnixStream,
+    to: &UnixStream,
+    slot: &BackendChannelSlot,
+    message_timeout: Duration,
+) -> io::Result<()> {
+    while let Some(mut m) = recv_message_within(from, Some(message_timeout))? {
         if let Normalized::MemTableTrimmed { from, to } =
             wire::normalize(&mut m.header, &mut m.payload)
         {
             tracing::debug!(from, to, "SET_MEM_TABLE: unused region slots cut");
+        }
+        if let Err(why) = check_regions(&m) {
+            tracing::error!(request = m.header.request, "memory table refused: {why}");
+            if m.header.flags & wire::NEED_REPLY != 0 {
+                let h = Header {
+                    request: m.header.request,
+                    flags: wire::VERSION_1 | wire::REPLY,
+                    size: 8,
+                };
+                send_message(from, &h, &1u64.to_le_bytes(), &[])?;
+            }
+            return Err(io::Error::new(io::ErrorKind::InvalidData, why));
         }
         if m.header.request == wire::SET_BACKEND_REQ_FD {
             if let Some(fd) = m.fds.first() {

@@ -12,6 +12,13 @@ use thiserror::Error;
 pub const HEADER_SIZE: usize = 12;
 /// `VHOST_USER_SET_MEM_TABLE` (front-end request 5).
 pub const SET_MEM_TABLE: u32 = 5;
+/// `VHOST_USER_ADD_MEM_REG` (front-end request 37; needs `CONFIGURE_MEM_SLOTS`, which the
+/// daemon does not offer, so `vhost` refuses it — its region is checked all the same).
+pub const ADD_MEM_REG: u32 = 37;
+/// Header flag bit 3: the front-end wants a reply (`REPLY_ACK`).
+pub const NEED_REPLY: u32 = 0x8;
+/// Header flag bit 2: this is a reply.
+pub const REPLY: u32 = 0x4;
 /// `VHOST_USER_SET_BACKEND_REQ_FD` (front-end request 21).
 pub const SET_BACKEND_REQ_FD: u32 = 21;
 /// `VHOST_USER_BACKEND_CONFIG_CHANGE_MSG` (back-end request 2).
@@ -72,6 +79,50 @@ pub fn config_change_msg() -> [u8; HEADER_SIZE] {
         size: 0,
     }
     .encode()
+}
+
+/// One `struct vhost_user_memory_region`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Guest physical address of its start.
+    pub guest_addr: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The front-end's virtual address of its start.
+    pub user_addr: u64,
+    /// Where it starts in the file that backs it.
+    pub mmap_offset: u64,
+}
+
+/// The memory regions a `SET_MEM_TABLE` (after [`normalize`]) or `ADD_MEM_REG` message
+/// declares, in the order of their file descriptors; empty for any other message (and
+/// for a payload too short for what it announces, which `vhost` refuses).
+pub fn regions(header: &Header, payload: &[u8]) -> Vec<Region> {
+    let (count, first) = match header.request {
+        SET_MEM_TABLE if payload.len() >= MEM_TABLE_HEAD => {
+            let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+            (n as usize, MEM_TABLE_HEAD)
+        }
+        // A u64 of padding, then one region.
+        ADD_MEM_REG => (1, 8),
+        _ => return Vec::new(),
+    };
+    let word = |at: usize| {
+        payload
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
+    (0..count.min(MAX_REGIONS))
+        .map_while(|i| {
+            let at = first + i * MEM_REGION;
+            Some(Region {
+                guest_addr: word(at)?,
+                size: word(at + 8)?,
+                user_addr: word(at + 16)?,
+                mmap_offset: word(at + 24)?,
+            })
+        })
+        .collect()
 }
 
 /// A message the normaliser refuses (the connection is then closed).
@@ -200,6 +251,33 @@ mod tests {
         let mut p = vec![0u8; 72];
         assert_eq!(normalize(&mut h, &mut p), Normalized::Unchanged);
         assert_eq!(p.len(), 72);
+    }
+
+    #[test]
+    fn regions_are_read_from_mem_tables_and_add_mem_reg() {
+        let (h, p) = mem_table(2, 2);
+        let r = regions(&h, &p);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r[1],
+            Region {
+                guest_addr: 1 << 30,
+                size: 256 << 20,
+                user_addr: 0x7f00_0000_0000 + (1 << 30),
+                mmap_offset: 1 << 30
+            }
+        );
+        let (h, p) = mem_table(3, 2);
+        assert_eq!(regions(&h, &p).len(), 2, "only what the payload holds");
+        let add = Header {
+            request: ADD_MEM_REG,
+            ..h
+        };
+        let mut p = vec![0u8; 8];
+        p.extend_from_slice(&mem_table(1, 1).1[8..]);
+        assert_eq!(regions(&add, &p)[0].size, 256 << 20);
+        let other = Header { request: 2, ..h };
+        assert!(regions(&other, &p).is_empty());
     }
 
     #[test]

@@ -44,20 +44,12 @@ mod inflight;
 mod options;
 mod queues;
 
-// Deep paths `zeronce-balloon-driver` still names (`device::BalloonDevice`,
-// `features::FeatureSet`, ...): hidden, and to go once it uses the re-exports below.
-#[doc(hidden)]
-pub mod device;
-#[doc(hidden)]
-pub mod discard;
-#[doc(hidden)]
-pub mod error;
-#[doc(hidden)]
-pub mod features;
-#[doc(hidden)]
-pub mod interrupt;
-#[doc(hidden)]
-pub mod metrics;
+mod device;
+mod discard;
+mod error;
+mod features;
+mod interrupt;
+mod metrics;
 
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fuzzing;

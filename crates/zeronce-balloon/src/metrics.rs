@@ -32,7 +32,7 @@ impl Counter {
 }
 
 /// The doubling scheme of every rate-limited log line (defined once, in `zeronce-types`).
-pub use zeronce_types::rate::{log_this, LOG_FIRST};
+pub(crate) use zeronce_types::rate::log_this;
 
 /// Message of a refused guest request (rate-limited by [`log_this`]).
 pub(crate) const REFUSED: &str =
@@ -120,6 +120,7 @@ impl BalloonMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zeronce_types::rate::LOG_FIRST;
 
     #[test]
     fn malformed_counters_are_per_kind() {

@@ -46,11 +46,15 @@ pub mod limits {
     pub const MAX_PFNS_PER_REQUEST: usize = 64 * 1024;
     /// The one bound on held work (hold policy), in bytes of host memory: every held
     /// request's payload counts against it, 4 bytes per inflate PFN and one planned
-    /// discard (`size_of::<PlannedDiscard>()`, 56 bytes) per reported block. A request
+    /// discard ([`HELD_BYTES_PER_REPORTED_BLOCK`], 56 bytes) per reported block. A request
     /// that would exceed it is served at once, with its honest verdict. On top of it
     /// each held request keeps one fixed-size record, at most one per descriptor head.
     /// 4 MiB is 1 Mi PFNs (4 GiB of guest memory) or ~75 Ki reported blocks.
     pub const MAX_HELD_BYTES: usize = 4 << 20;
+    /// What one held reported block counts against [`MAX_HELD_BYTES`]: the size of the
+    /// device's planned discard of it.
+    pub const HELD_BYTES_PER_REPORTED_BLOCK: usize =
+        std::mem::size_of::<crate::discard::PlannedDiscard>();
     /// Largest statistics buffer accepted, in bytes (16 tags × 10 bytes is 160).
     pub const MAX_STATS_BUFFER: u32 = 4096;
     /// Largest single reported block, in bytes (1 GiB: the largest huge page).

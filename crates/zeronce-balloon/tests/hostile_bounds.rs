@@ -9,10 +9,9 @@ use std::time::Duration;
 use common::hostile::held;
 use common::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use zeronce_balloon::discard::PlannedDiscard;
 use zeronce_balloon::guest_ring::{DriverBuf, DESC_F_NEXT, DESC_F_WRITE};
 use zeronce_balloon::mock::{HookedMemory, RecordingDiscarder};
-use zeronce_balloon::spec::limits::MAX_HELD_BYTES;
+use zeronce_balloon::spec::limits::{HELD_BYTES_PER_REPORTED_BLOCK, MAX_HELD_BYTES};
 use zeronce_balloon::{BalloonOptions, Feature, MalformedKind, QueueKind};
 use Feature::*;
 
@@ -129,7 +128,7 @@ fn held_reports_count_against_the_one_bound() {
     }
     let r = rig.notify(QueueKind::Reporting);
     assert_eq!(r.malformed, 0);
-    let per_chain = 64 * std::mem::size_of::<PlannedDiscard>();
+    let per_chain = 64 * HELD_BYTES_PER_REPORTED_BLOCK;
     assert!(
         rig.dev.held_requests() * per_chain <= MAX_HELD_BYTES,
         "{} chains of 64 blocks held",

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use zeronce_lib::ProcessBackend;
-use zeronce_mem::global::{in_backend, LargeAlloc};
+use zeronce_mem::{in_backend, LargeAlloc};
 
 use crate::config::{Config, Host};
 

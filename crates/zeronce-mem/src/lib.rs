@@ -20,23 +20,17 @@
 
 mod claims;
 mod discard;
+mod global;
 mod ram;
 mod resident;
 mod shared;
 mod vm;
-
-// Deep paths `zeronce` (`global::SplitAlloc`, ...) and `zeronce-cli`
-// (`zeroing::NON_TEMPORAL_THRESHOLD`) still name: hidden, and to go once they use the
-// re-exports below.
-#[doc(hidden)]
-pub mod global;
-#[doc(hidden)]
-pub mod zeroing;
+mod zeroing;
 
 /// Discard operations, the backings they act on and what they promise.
 pub use discard::{Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
 /// A global allocator that sends large requests elsewhere.
-pub use global::{Grant, LargeAlloc, SplitAlloc};
+pub use global::{in_backend, Grant, LargeAlloc, SplitAlloc};
 /// Guest RAM: a mapping of one backing kind, owned like a `Box<[u8]>`.
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 /// Readers of what the kernel holds resident.

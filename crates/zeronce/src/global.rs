@@ -26,7 +26,7 @@
 //! A `fork` child never calls the memory manager again (its threads are gone; see
 //! [`ProcessBackend::fork_child`]); the `fork_*` methods are for `pthread_atfork`.
 //!
-//! `GlobalAlloc` rules: the `unsafe impl` is `zeronce_mem::global::SplitAlloc`'s (all of
+//! `GlobalAlloc` rules: the `unsafe impl` is `zeronce_mem::SplitAlloc`'s (all of
 //! zeronce's `unsafe` code lives in zeronce-mem); it never unwinds, never re-enters this
 //! backend from one thread (the allocations of the backend's own code, including creating
 //! the `ProcessMemory`, go to the inner allocator), and zeronce's own threads (reporting
@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::
 use std::sync::{Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use zeronce_mem::global::{Grant, LargeAlloc, SplitAlloc};
 use zeronce_mem::BackingKind;
+use zeronce_mem::{Grant, LargeAlloc, SplitAlloc};
 use zeronce_mm::sync::lock;
 use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 

@@ -21,7 +21,7 @@ static GLOBAL: ZeronceAlloc<System> = ZeronceAlloc::new(
 const MIB: usize = 1 << 20;
 
 fn ours(p: *const u8) -> bool {
-    use zeronce::zeronce_mem::global::LargeAlloc;
+    use zeronce::zeronce_mem::LargeAlloc;
     GLOBAL.large().owns(p as usize)
 }
 
@@ -65,7 +65,7 @@ fn realloc_grows_in_place_and_keeps_contents() {
 #[test]
 fn a_grant_grows_in_place_when_its_upper_buddy_is_free() {
     let backend = GLOBAL.large();
-    use zeronce::zeronce_mem::global::LargeAlloc;
+    use zeronce::zeronce_mem::LargeAlloc;
     let layout = Layout::from_size_align(2 * MIB, 4096).unwrap();
     let g = backend.alloc(layout, false).expect("served");
     // Its buddy may be taken by another test's allocation: retry with fresh grants.

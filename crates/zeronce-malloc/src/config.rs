@@ -59,7 +59,7 @@ impl Config {
     /// From this process's environment; complaints on stderr.
     pub fn from_env() -> Config {
         Config::from_lookup(|name| std::env::var_os(name), &mut |line| {
-            crate::runtime::write_stderr(line.as_bytes())
+            crate::stderr::write_stderr(line.as_bytes())
         })
     }
 

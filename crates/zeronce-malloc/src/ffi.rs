@@ -13,7 +13,8 @@ use std::ptr::null_mut;
 
 use libmimalloc_sys as mi;
 
-use crate::runtime::{self, bad_pointer};
+use crate::runtime;
+use crate::stderr::{bad_pointer, write_stderr};
 
 /// The alignment of `malloc`: no explicit one. mimalloc's plain calls align a block of
 /// 16 bytes or more to 16 (glibc's `MALLOC_ALIGNMENT`), a smaller one to 8, as its own
@@ -335,7 +336,7 @@ extern "C" fn on_load() {
     let r =
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     if r != 0 {
-        runtime::write_stderr(b"zeronce: pthread_atfork failed: a fork child may deadlock\n");
+        write_stderr(b"zeronce: pthread_atfork failed: a fork child may deadlock\n");
     }
 }
 

@@ -17,10 +17,11 @@
 //! directly, never the exported `malloc`, so they cannot recurse into it.
 #![deny(unsafe_code)]
 
-pub mod config;
+mod config;
 mod ffi;
-pub mod inner;
-pub mod runtime;
+mod inner;
+mod runtime;
+mod stderr;
 
 /// Rust allocations inside the library: mimalloc (big blocks: mappings of their own),
 /// never the exported `malloc`.

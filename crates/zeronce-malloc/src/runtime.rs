@@ -4,7 +4,6 @@
 
 use std::alloc::Layout;
 use std::cell::Cell;
-use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
@@ -13,6 +12,7 @@ use zeronce_lib::ProcessBackend;
 use zeronce_mem::{in_backend, LargeAlloc};
 
 use crate::config::{Config, Host};
+use crate::stderr::write_stderr;
 
 /// Arenas a process may have: its own, and one more in each generation of `fork`
 /// children (a child cannot use its parent's: see [`Runtime::fork_child`]). Past the last
@@ -280,22 +280,6 @@ fn bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{v:.1} {}", UNITS[unit])
-}
-
-/// Writes `line` to stderr, ignoring failure (nobody to tell).
-pub fn write_stderr(line: &[u8]) {
-    let _ = std::io::stderr().write_all(line);
-}
-
-/// One line on stderr and `abort()`, as glibc does for a pointer it never handed out.
-pub fn bad_pointer(call: &str, addr: usize) -> ! {
-    write_stderr(
-        format!(
-            "zeronce: {call}(): invalid pointer {addr:#x}: not a live allocation (a double free, or a pointer the allocator never handed out)\n"
-        )
-        .as_bytes(),
-    );
-    std::process::abort()
 }
 
 #[cfg(test)]

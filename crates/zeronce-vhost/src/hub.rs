@@ -15,7 +15,7 @@ use zeronce_daemon::{Access, ConnLimit, PeerGate};
 use zeronce_types::sync::lock;
 
 use crate::backend::BalloonBackend;
-use crate::metrics::DeviceTotals;
+use crate::totals::DeviceTotals;
 
 /// What `zeronce serve` needs.
 #[derive(Clone, Debug)]

@@ -392,6 +392,11 @@ fn a_hint_run_returns_a_freed_tmpfs_with_reporting_off() {
     assert_eq!(status["state"], "done", "{status}");
     assert_eq!(status["cmd_id"], id);
     assert!(status["bytes_discarded"].as_u64().unwrap() >= fill * 9 / 10);
+    let counters = daemon.request(json!({"op": "status"}))["metrics"].clone();
+    assert_eq!(
+        counters["malformed"], 0,
+        "the guest's chains are well-formed: {counters}"
+    );
     // DONE: the guest gave its hinted blocks back; it can use the memory again.
     let (_, free) = g.meminfo();
     assert!(free >= fill, "MemFree {} MiB after DONE", free / MIB);

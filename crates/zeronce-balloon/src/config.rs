@@ -13,7 +13,7 @@
 )]
 
 use crate::error::BalloonError;
-use crate::spec::config_layout::{ACTUAL, NUM_PAGES, POISON_VAL, SIZE};
+use crate::spec::config_layout::{ACTUAL, FREE_PAGE_HINT_CMD_ID, NUM_PAGES, POISON_VAL, SIZE};
 
 /// [`SIZE`] as an array length.
 const LEN: usize = 16;
@@ -49,6 +49,16 @@ impl ConfigSpace {
     /// The balloon size the driver last reported, in 4 KiB pages.
     pub fn actual(&self) -> u32 {
         self.field(ACTUAL)
+    }
+
+    /// The free page hint command id the device last set (device-owned).
+    pub fn free_page_hint_cmd_id(&self) -> u32 {
+        self.field(FREE_PAGE_HINT_CMD_ID)
+    }
+
+    /// Sets the free page hint command id (device side; the caller signals the change).
+    pub fn set_free_page_hint_cmd_id(&mut self, id: u32) {
+        self.set_field(FREE_PAGE_HINT_CMD_ID, id);
     }
 
     /// The guest's page poison value (meaningful with `PAGE_POISON`).

@@ -21,7 +21,10 @@ use crate::queues::inflate::PartialPages;
 use crate::queues::stats::GuestStats;
 
 mod completion;
+mod hint;
 mod queue;
+
+pub use hint::{HintState, HintStatus};
 
 enum State {
     Reset,
@@ -45,6 +48,7 @@ pub struct BalloonDevice<D, I> {
     inflight: InFlight,
     stats: GuestStats,
     stats_head: Option<u16>,
+    hint: hint::HintRun,
 }
 
 impl<D, I: InterruptSignal> BalloonDevice<D, I> {
@@ -61,6 +65,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
             inflight: InFlight::default(),
             stats: GuestStats::default(),
             stats_head: None,
+            hint: hint::HintRun::default(),
         }
     }
 
@@ -165,6 +170,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
     pub fn reset(&mut self) {
         self.stop();
         self.state = State::Reset;
+        self.hint.reset();
         let target = self.config.num_pages();
         self.config = ConfigSpace::default();
         self.config.set_num_pages(target);
@@ -235,7 +241,8 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         self.config.read(offset, data).map_err(|e| self.refuse(e))
     }
 
-    /// Driver config write (`actual`, `poison_val`).
+    /// Driver config write (`actual`, `poison_val`; `free_page_hint_cmd_id` is the
+    /// device's).
     pub fn write_config(&mut self, offset: u64, data: &[u8]) -> Result<(), BalloonError> {
         self.config.write(offset, data).map_err(|e| self.refuse(e))
     }

@@ -97,6 +97,10 @@ malformed_kinds! {
     InvalidHead,
     /// An indirect descriptor, though `VIRTIO_F_INDIRECT_DESC` is never offered.
     IndirectDescriptor,
+    /// A free_page_vq command id buffer that is not one 4-byte device-readable descriptor.
+    HintCommandLength,
+    /// A command id on free_page_vq that is neither the current run's nor STOP.
+    HintCommandId,
     ;
     Queue, QueueCount
 }
@@ -317,6 +321,22 @@ pub enum BalloonError {
         /// Position of the descriptor in its chain.
         index: usize,
     },
+    /// A free_page_vq command id chain of the wrong shape.
+    #[error("free_page_vq: command id chain of {descriptors} descriptors and {len} bytes (one of 4 expected)")]
+    HintCommandLength {
+        /// Descriptors in the chain.
+        descriptors: usize,
+        /// Their total length.
+        len: u64,
+    },
+    /// A command id from the driver that the device never set or no longer runs.
+    #[error("free_page_vq: command id {got} is neither STOP nor the current run's ({current:?})")]
+    HintCommandId {
+        /// The id the driver sent.
+        got: u32,
+        /// The id of the run the device asked for, if any.
+        current: Option<u32>,
+    },
     /// The virtqueue or the memory behind it failed the device (the VMM's side, not a
     /// guest request).
     #[error("virtqueue error: {0}")]
@@ -354,7 +374,7 @@ mod tests {
             assert_eq!(k.index(), i);
             assert_eq!(MalformedKind::ALL[k.index()], *k, "index round-trips");
         }
-        assert_eq!(MalformedKind::COUNT, 21);
+        assert_eq!(MalformedKind::COUNT, 23);
         assert_eq!(
             BalloonError::StatsOverflow.kind(),
             Some(MalformedKind::StatsOverflow)

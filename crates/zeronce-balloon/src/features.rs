@@ -18,8 +18,9 @@ pub enum Feature {
     StatsVq = 1,
     /// `VIRTIO_BALLOON_F_DEFLATE_ON_OOM`: the guest may deflate under memory pressure.
     DeflateOnOom = 2,
-    /// `VIRTIO_BALLOON_F_FREE_PAGE_HINT`: a free page hint queue exists (never offered by
-    /// this device; only counted for the queue layout).
+    /// `VIRTIO_BALLOON_F_FREE_PAGE_HINT`: a free page hint queue exists; the device asks
+    /// for hints with `free_page_hint_cmd_id` (offered only when the VMM asks:
+    /// [`FeatureOffer::free_page_hint`]).
     FreePageHint = 3,
     /// `VIRTIO_BALLOON_F_PAGE_POISON`: the guest poisons pages with `poison_val`.
     PagePoison = 4,
@@ -144,6 +145,10 @@ pub struct FeatureOffer {
     pub stats_vq: bool,
     /// Offer `DEFLATE_ON_OOM`.
     pub deflate_on_oom: bool,
+    /// Offer `FREE_PAGE_HINT` (bit 3). Off by default: a stock Linux guest's shrinker may
+    /// take back a hinted block still in the queue, and the device's discard of it then
+    /// races the guest's reuse (RELIABILITY.md, free page hinting).
+    pub free_page_hint: bool,
     /// Offer `PAGE_POISON`.
     pub page_poison: bool,
     /// Offer `PAGE_REPORTING`.
@@ -162,6 +167,7 @@ impl Default for FeatureOffer {
             must_tell_host: true,
             stats_vq: true,
             deflate_on_oom: true,
+            free_page_hint: false,
             page_poison: true,
             page_reporting: true,
             device_init_reported: false,
@@ -188,6 +194,7 @@ impl FeatureOffer {
             .with(Feature::MustTellHost, self.must_tell_host)
             .with(Feature::StatsVq, self.stats_vq)
             .with(Feature::DeflateOnOom, self.deflate_on_oom)
+            .with(Feature::FreePageHint, self.free_page_hint)
             .with(Feature::PagePoison, self.page_poison)
             .with(Feature::PageReporting, self.page_reporting)
             .with(Feature::DeviceInitReported, self.device_init_reported)
@@ -253,6 +260,8 @@ pub enum QueueKind {
     Deflate,
     /// statsq: guest memory statistics.
     Stats,
+    /// free_page_vq: the command ids and free page hints of a hint run.
+    FreePageHint,
     /// reporting_vq: free page reports.
     Reporting,
 }
@@ -260,8 +269,7 @@ pub enum QueueKind {
 /// The mapping between queue indices and kinds for a set of negotiated features.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueLayout {
-    /// `None`: free_page_vq, which takes an index when `FREE_PAGE_HINT` is negotiated
-    /// but which this crate does not serve (the device never offers the feature).
+    /// One kind per index (`Option` for the API's sake: every index is served).
     kinds: Vec<Option<QueueKind>>,
 }
 
@@ -271,7 +279,7 @@ impl QueueLayout {
         let mut kinds = vec![Some(QueueKind::Inflate), Some(QueueKind::Deflate)];
         let optional = [
             (Feature::StatsVq, Some(QueueKind::Stats)),
-            (Feature::FreePageHint, None),
+            (Feature::FreePageHint, Some(QueueKind::FreePageHint)),
             (Feature::PageReporting, Some(QueueKind::Reporting)),
         ];
         kinds.extend(
@@ -293,7 +301,7 @@ impl QueueLayout {
         self.kinds.is_empty()
     }
 
-    /// The kind of queue `index`, if it exists and is one this crate serves.
+    /// The kind of queue `index`, if it exists.
     pub fn kind(&self, index: u16) -> Option<QueueKind> {
         self.kinds.get(usize::from(index)).copied().flatten()
     }
@@ -306,7 +314,7 @@ impl QueueLayout {
             .and_then(|i| u16::try_from(i).ok())
     }
 
-    /// The kinds in index order (`None`: free_page_vq, not served).
+    /// The kinds in index order (never `None`).
     pub fn kinds(&self) -> &[Option<QueueKind>] {
         &self.kinds
     }
@@ -332,12 +340,11 @@ mod tests {
         assert_eq!(l.index(QueueKind::Reporting), Some(3));
         let l = QueueLayout::for_features(set(&[StatsVq, FreePageHint, PageReporting]));
         assert_eq!(l.index(QueueKind::Reporting), Some(4));
-        assert_eq!(
-            l.kind(3),
-            None,
-            "free_page_vq takes an index, is not served"
-        );
+        assert_eq!(l.kind(3), Some(QueueKind::FreePageHint), "after stats");
         assert_eq!(l.len(), 5);
+        let l = QueueLayout::for_features(set(&[FreePageHint, PageReporting]));
+        assert_eq!(l.index(QueueKind::FreePageHint), Some(2), "without stats");
+        assert_eq!(l.index(QueueKind::Reporting), Some(3));
         let l = QueueLayout::for_features(FeatureSet::EMPTY);
         assert_eq!(
             l.kinds(),
@@ -355,7 +362,7 @@ mod tests {
         let n = Negotiated::new(offer.features(), FeatureSet::from_bits(u64::MAX));
         assert!(n.has(PageReporting) && n.has(Version1));
         assert!(!n.has(DeviceInitOnInflate), "switched off");
-        assert!(!n.has(FreePageHint), "never offered");
+        assert!(!n.has(FreePageHint), "not offered by default");
         assert_eq!(n.features().bits() & !offer.features().bits(), 0);
         assert_eq!(offer.features().page(1), 1, "VERSION_1 is bit 32");
     }

@@ -62,7 +62,9 @@ pub mod spec;
 /// The config space the device serves.
 pub use config::ConfigSpace;
 /// The device, how it is set up, how it signals the guest and what a queue pass did.
-pub use device::{BalloonDevice, BalloonOptions, InterruptSignal, QueueReport};
+pub use device::{
+    BalloonDevice, BalloonOptions, HintState, HintStatus, InterruptSignal, QueueReport,
+};
 /// How and with what the device discards guest memory.
 pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder};
 /// Errors: what went wrong, and which kind of malformed guest request it was.

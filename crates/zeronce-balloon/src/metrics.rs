@@ -60,6 +60,10 @@ pub struct BalloonMetrics {
     /// Reporting buffers not discarded because PAGE_POISON with a nonzero `poison_val`
     /// is in effect (discarding would replace the poison with zeros).
     pub reports_skipped_poison: Counter,
+    /// 4 KiB pages hinted on free_page_vq while a run was current (each discarded).
+    pub pages_hinted: Counter,
+    /// Hint chains that arrived while no run was current (used, not discarded).
+    pub hints_stale: Counter,
     /// Statistics buffers parsed.
     pub stats_updates: Counter,
     /// Configuration-change notifications sent.
@@ -81,6 +85,10 @@ pub struct MetricsSnapshot {
     pub discard_errors: u64,
     /// Reports not discarded because of a nonzero page poison.
     pub reports_skipped_poison: u64,
+    /// 4 KiB pages hinted on free_page_vq while a run was current (each discarded).
+    pub pages_hinted: u64,
+    /// Hint chains that arrived while no run was current (used, not discarded).
+    pub hints_stale: u64,
     /// Statistics buffers parsed.
     pub stats_updates: u64,
     /// Malformed requests of all kinds.
@@ -96,6 +104,8 @@ impl BalloonMetrics {
             zero_promises: self.zero_promises.get(),
             discard_errors: self.discard_errors.get(),
             reports_skipped_poison: self.reports_skipped_poison.get(),
+            pages_hinted: self.pages_hinted.get(),
+            hints_stale: self.hints_stale.get(),
             stats_updates: self.stats_updates.get(),
             malformed: self.malformed_total(),
         }

@@ -30,6 +30,14 @@ pub mod config_layout {
     pub const SIZE: u64 = 16;
 }
 
+/// `VIRTIO_BALLOON_CMD_ID_STOP`: in the config, the device asks the driver to stop
+/// hinting; on free_page_vq, the driver says it has finished a run.
+pub const CMD_ID_STOP: u32 = 0;
+
+/// `VIRTIO_BALLOON_CMD_ID_DONE`: the device no longer needs the hints; the driver may
+/// give its hinted blocks back to its allocator.
+pub const CMD_ID_DONE: u32 = 1;
+
 /// Size of one `struct virtio_balloon_stat` (packed le16 tag + le64 value).
 pub const STAT_ENTRY_SIZE: usize = 10;
 

@@ -115,6 +115,8 @@ fn reaches(o: &FuzzOutcome) -> Vec<&'static str> {
         ("more_than_a_queue", o.more > 0),
         ("zero_promise", o.promises_checked > 0),
         ("mutation_during_call", o.mutations > 0),
+        ("hint_discard", o.pages_hinted > 0),
+        ("hint_command_id", k(MalformedKind::HintCommandId)),
     ] {
         if hit {
             v.push(name);
@@ -179,6 +181,8 @@ fn random_inputs_are_not_vacuous() {
         "indirect",
         "more_than_a_queue",
         "mutation_during_call",
+        "hint_discard",
+        "hint_command_id",
     ] {
         assert!(found.contains(&class), "{class} never reached: {found:?}");
     }

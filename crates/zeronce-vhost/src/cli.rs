@@ -38,6 +38,16 @@ pub struct ServeArgs {
     /// know them ignore them).
     #[arg(long)]
     pub zero_hints: bool,
+    /// Offer free page hinting (VIRTIO_BALLOON_F_FREE_PAGE_HINT, bit 3): `zeronce balloon
+    /// hint` then asks the guest for its free pages and discards them. Off by default: a
+    /// stock Linux guest under memory pressure may reuse a hinted block before the device
+    /// has discarded it, and loses what it wrote there (RELIABILITY.md).
+    #[arg(long)]
+    pub free_page_hint: bool,
+    /// Do not offer free page reporting (bit 5): the guest returns free memory only by
+    /// inflating or, with --free-page-hint, in hint runs.
+    #[arg(long)]
+    pub no_page_reporting: bool,
     /// Who may connect to both sockets.
     #[command(flatten)]
     pub access: AccessArgs,
@@ -71,6 +81,14 @@ pub enum BalloonAction {
     Status,
     /// Ask the guest for fresh statistics, then print them with the status (JSON).
     Stats,
+    /// Start a free page hint run: the guest hints its free pages and the device discards
+    /// them (needs `serve --free-page-hint`). With `--status`: the latest run's state
+    /// (idle, running, done), pages hinted and bytes discarded (JSON).
+    Hint {
+        /// Print the latest run's status instead of starting one.
+        #[arg(long)]
+        status: bool,
+    },
 }
 
 /// The value parser of balloon sizes: [`parse_size`] (the one size grammar of zeronce), then checked to be a whole number
@@ -104,6 +122,8 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
     // (rings start enabled, as the vhost-user specification says for that case).
     let mut offer = FeatureOffer {
         deflate_on_oom: args.deflate_on_oom,
+        free_page_hint: args.free_page_hint,
+        page_reporting: !args.no_page_reporting,
         ..FeatureOffer::default()
     };
     if args.zero_hints {
@@ -141,6 +161,8 @@ pub fn balloon(args: &BalloonArgs) -> Result<(), String> {
         BalloonAction::Set { size } => json!({"op": "set", "pages": pages(*size)?}),
         BalloonAction::Status => json!({"op": "status"}),
         BalloonAction::Stats => json!({"op": "stats"}),
+        BalloonAction::Hint { status: false } => json!({"op": "hint"}),
+        BalloonAction::Hint { status: true } => json!({"op": "hint_status"}),
     };
     let answer = control::request(&args.socket, &req).map_err(|e| e.to_string())?;
     let text = serde_json::to_string_pretty(&answer).unwrap_or_default();

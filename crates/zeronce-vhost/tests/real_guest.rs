@@ -31,6 +31,10 @@ const DELAY_PLUS_ONE: Duration = Duration::from_secs(3);
 /// `VIRTIO_BALLOON_F_PAGE_POISON` and `VIRTIO_BALLOON_F_REPORTING`.
 const PAGE_POISON: u64 = 1 << 4;
 const REPORTING: u64 = 1 << 5;
+/// `VIRTIO_BALLOON_F_FREE_PAGE_HINT`.
+const FREE_PAGE_HINT: u64 = 1 << 3;
+/// The bound from `zeronce balloon hint` to the host's drop.
+const HINT_WITHIN: Duration = Duration::from_secs(5);
 
 fn on_path(name: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -57,8 +61,13 @@ struct Daemon(ServeProcess);
 
 impl Daemon {
     fn start(socket: &Path) -> Daemon {
+        Daemon::start_with(socket, &[])
+    }
+
+    /// With `args` after `serve --socket SOCKET` (`--free-page-hint`, ...).
+    fn start_with(socket: &Path, args: &[&str]) -> Daemon {
         let bin = Path::new(env!("CARGO_BIN_EXE_zeronce-vhost"));
-        Daemon(ServeProcess::spawn(bin, socket, &[]).expect("start zeronce-vhost serve"))
+        Daemon(ServeProcess::spawn(bin, socket, args).expect("start zeronce-vhost serve"))
     }
 
     fn request(&self, req: Value) -> Value {
@@ -328,6 +337,74 @@ fn a_guest_with_init_on_free_negotiates_page_poison_and_reports() {
 #[test]
 fn a_guest_with_page_poison_1_on_this_kernel_drops_page_poison_and_reports() {
     hardened_guest("pp", "page_poison=1", REPORTING, PAGE_POISON, REPORT_WITHIN);
+}
+
+/// Free page hinting with reporting off: 96 MiB written into the guest's tmpfs and
+/// deleted stay in the memory file until `hint` starts a run; then >= 90 % of it leaves
+/// the file within [`HINT_WITHIN`], and the run ends DONE at the guest's STOP.
+#[test]
+fn a_hint_run_returns_a_freed_tmpfs_with_reporting_off() {
+    require_uml();
+    let dir = test_dir("hint");
+    let socket = dir.join("balloon.sock");
+    let daemon = Daemon::start_with(&socket, &["--free-page-hint", "--no-page-reporting"]);
+    let mut g = Guest::boot(&dir, &socket);
+    wait_driver(&daemon);
+    let features = negotiated(&daemon);
+    println!("figure: hint: negotiated features {features:#x}");
+    assert_eq!(features & (FREE_PAGE_HINT | REPORTING), FREE_PAGE_HINT);
+    let fill = 96 * MIB;
+    assert_eq!(g.ask("fill 96"), "filled");
+    let before = g.allocated();
+    assert_eq!(g.ask("drop"), "dropped");
+    std::thread::sleep(Duration::from_secs(1));
+    let kept = before.saturating_sub(g.allocated());
+    assert!(
+        kept * 10 < fill,
+        "reporting is off: {} MiB left early",
+        kept / MIB
+    );
+    let idle = daemon.request(json!({"op": "hint_status"}));
+    assert_eq!(idle["state"], "idle", "{idle}");
+    let started = daemon.request(json!({"op": "hint"}));
+    let id = started["cmd_id"].as_u64().expect("a run");
+    let t0 = Instant::now();
+    let (dropped, secs, status) = loop {
+        let dropped = before.saturating_sub(g.allocated());
+        let status = daemon.request(json!({"op": "hint_status"}));
+        let done = status["state"] == "done";
+        if (dropped * 10 >= fill * 9 && done) || t0.elapsed() > HINT_WITHIN {
+            break (dropped, t0.elapsed().as_secs_f64(), status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "figure: hint: run {id}: {} MiB of the 96 MiB freed ({:.0} %) left the memory file {secs:.2} s after `hint`; device: {status}",
+        dropped / MIB,
+        dropped as f64 * 100.0 / fill as f64
+    );
+    assert!(
+        dropped * 10 >= fill * 9,
+        "hint: after {secs:.1} s the memory file lost {} MiB of the 96 MiB freed; {status}\n{}",
+        dropped / MIB,
+        g.tail()
+    );
+    assert_eq!(status["state"], "done", "{status}");
+    assert_eq!(status["cmd_id"], id);
+    assert!(status["bytes_discarded"].as_u64().unwrap() >= fill * 9 / 10);
+    let counters = daemon.request(json!({"op": "status"}))["metrics"].clone();
+    assert_eq!(
+        counters["malformed"], 0,
+        "the guest's chains are well-formed: {counters}"
+    );
+    // DONE: the guest gave its hinted blocks back; it can use the memory again.
+    let (_, free) = g.meminfo();
+    assert!(free >= fill, "MemFree {} MiB after DONE", free / MIB);
+    assert_eq!(g.ask("fill 96"), "filled", "the hinted memory is usable");
+    assert_eq!(g.ask("drop"), "dropped");
+    assert!(g.halt().success());
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -126,7 +126,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
 
     /// Runs `plan` with the device's discard policy, counting the bytes discarded and the
     /// failures (logged as `failure`).
-    fn discard<M>(
+    pub(super) fn discard<M>(
         &mut self,
         mem: &M,
         plan: &[PlannedDiscard],

@@ -201,6 +201,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         let work = match chain.kind {
             QueueKind::Deflate => return self.serve_deflate(mem, descs),
             QueueKind::Stats => return self.serve_stats(mem, chain, descs),
+            QueueKind::FreePageHint => return self.serve_hint(mem, descs),
             QueueKind::Inflate => {
                 let req = inflate::parse(mem, chain.kind, descs, neg.inflate_bitmap())?;
                 Work::Inflate {
@@ -209,7 +210,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
                 }
             }
             QueueKind::Reporting => {
-                let r = reporting::plan(mem, &mut self.discarder, descs)?;
+                let r = reporting::plan(mem, &mut self.discarder, descs, chain.kind)?;
                 Work::Report {
                     blocks: r.blocks,
                     total_len: r.total_len,
@@ -248,10 +249,13 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         Ok(None)
     }
 
-    /// Pages inflated, deflated and reported so far (the work budget of a call).
+    /// Pages inflated, deflated, reported and hinted so far (the work budget of a call).
     fn pages_served(&self) -> u64 {
         let m = &self.metrics;
-        m.pages_inflated.get() + m.pages_deflated.get() + m.pages_reported.get()
+        m.pages_inflated.get()
+            + m.pages_deflated.get()
+            + m.pages_reported.get()
+            + m.pages_hinted.get()
     }
 
     /// Counts the pages an admitted request inflates or reports.
@@ -297,7 +301,7 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
 
     /// The guest ranges `[start, end)` of every active queue's descriptor table,
     /// available ring and used ring (split layout), which the device must never discard.
-    fn ring_ranges(&self) -> Vec<(u64, u64)> {
+    pub(super) fn ring_ranges(&self) -> Vec<(u64, u64)> {
         let State::Active { queues, .. } = &self.state else {
             return Vec::new();
         };

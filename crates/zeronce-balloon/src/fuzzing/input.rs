@@ -56,6 +56,7 @@ pub(super) fn plausible_request(
     kind: Option<QueueKind>,
     bitmap: bool,
     slot: Option<u64>,
+    cmd_id: u32,
 ) -> (Vec<DriverBuf>, Option<Promise>) {
     let arr = DATA + 0x1000 * slot.unwrap_or_else(|| u64::from(c.u8() % 16));
     match kind {
@@ -96,6 +97,16 @@ pub(super) fn plausible_request(
                 .collect();
             let _ = mem.write_slice(&bytes, GuestAddress(arr));
             (vec![DriverBuf::read(arr, bytes.len() as u32)], None)
+        }
+        // free_page_vq: a command id (the run's, STOP, or any) or hint blocks.
+        Some(QueueKind::FreePageHint) if c.u8() & 1 == 0 => {
+            let id = match c.u8() % 3 {
+                0 => cmd_id,
+                1 => 0,
+                _ => c.u32(),
+            };
+            let _ = mem.write_obj(id, GuestAddress(arr));
+            (vec![DriverBuf::read(arr, 4)], None)
         }
         _ => {
             let bufs: Vec<DriverBuf> = (0..c.u8() % 4 + 1)

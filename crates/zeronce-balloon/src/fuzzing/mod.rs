@@ -69,6 +69,8 @@ pub struct FuzzOutcome {
     pub more: usize,
     /// Descriptor or buffer words the guest overwrote during a call.
     pub mutations: usize,
+    /// 4 KiB pages hinted (and discarded) on free_page_vq during a run.
+    pub pages_hinted: u64,
     /// Malformed requests per class ([`MalformedKind::index`]).
     pub kinds: [u64; MalformedKind::COUNT],
 }
@@ -109,7 +111,10 @@ impl Harness {
             _ => drop(discarder.backings.insert(REGIONS[1].0, huge)),
         }
         let options = BalloonOptions {
-            offer: FeatureOffer::default().with_zero_hints(),
+            offer: FeatureOffer {
+                free_page_hint: true,
+                ..FeatureOffer::default().with_zero_hints()
+            },
             policy,
             prefault_on_deflate: c.u8() & 1 == 1,
             zero_promises: true,
@@ -199,6 +204,9 @@ impl Harness {
             7 => {
                 self.dev.set_num_pages(c.u32());
                 let _ = self.dev.request_stats(&self.mem);
+                // A hint run too, when bit 3 is negotiated (no input byte: replays keep
+                // their meaning).
+                let _ = self.dev.start_hint_run();
             }
             8 => {
                 let q = usize::from(c.u8()) % nq;
@@ -255,7 +263,8 @@ impl Harness {
             .layout()
             .and_then(|l| l.kind(u16::try_from(q).ok()?));
         let bitmap = self.dev.negotiated().is_some_and(|n| n.inflate_bitmap());
-        let (bufs, promise) = plausible_request(c, &self.mem, kind, bitmap, slot);
+        let cmd_id = self.dev.config().free_page_hint_cmd_id();
+        let (bufs, promise) = plausible_request(c, &self.mem, kind, bitmap, slot, cmd_id);
         let head = self.queues.get_mut(q)?.add_chain(&self.mem, &bufs).ok()?;
         Some((head, self.oracle.outstanding(q, head), promise?))
     }
@@ -439,6 +448,7 @@ impl Harness {
         self.out.discards = self.dev.discarder().calls.len();
         self.out.promises_checked = self.oracle.checked;
         let m = self.dev.metrics();
+        self.out.pages_hinted = m.pages_hinted.get();
         for k in MalformedKind::ALL {
             self.out.kinds[k.index()] = m.malformed_count(k);
         }

@@ -8,6 +8,7 @@
     clippy::cast_possible_wrap
 )]
 
+pub(crate) mod hint;
 pub(crate) mod inflate;
 pub(crate) mod reporting;
 pub(crate) mod stats;

@@ -2,6 +2,7 @@
 //! The spec (and the "skip redundant zeroing" series) send one buffer per block; upstream Linux without bit 6
 //! chains up to 32 blocks, so chains of several writable buffers are accepted too. With
 //! bit 6 the chain's `used_len` is its total length only if every block now reads zero.
+//! free_page_vq's hint buffers are validated by the same [`plan`].
 
 use vm_memory::GuestMemoryBackend;
 
@@ -10,8 +11,6 @@ use crate::discard::{Discarder, PlannedDiscard};
 use crate::error::{BalloonError, QueueError};
 use crate::features::QueueKind;
 use crate::spec::limits::MAX_REPORT_BLOCK;
-
-const Q: QueueKind = QueueKind::Reporting;
 
 /// A validated report: the blocks to discard and the chain's total length.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +23,13 @@ pub(crate) struct Report {
 
 /// Validates a reporting chain and plans its discards: every buffer device-writable,
 /// non-empty, at most [`MAX_REPORT_BLOCK`], inside one region, aligned to the region's
-/// backing page size. Any violation refuses the whole chain.
-pub(crate) fn plan<M, D>(mem: &M, discarder: &mut D, descs: &[Desc]) -> Result<Report, BalloonError>
+/// backing page size. Any violation refuses the whole chain, as coming from `queue`.
+pub(crate) fn plan<M, D>(
+    mem: &M,
+    discarder: &mut D,
+    descs: &[Desc],
+    queue: QueueKind,
+) -> Result<Report, BalloonError>
 where
     M: GuestMemoryBackend + ?Sized,
     D: Discarder<M> + ?Sized,
@@ -35,7 +39,7 @@ where
     for (index, d) in descs.iter().enumerate() {
         if !d.writable {
             return Err(BalloonError::WrongDirection {
-                queue: Q,
+                queue,
                 index,
                 want_writable: true,
             });
@@ -43,12 +47,12 @@ where
         let len = u64::from(d.len);
         if len > MAX_REPORT_BLOCK {
             return Err(BalloonError::BufferTooLarge {
-                queue: Q,
+                queue,
                 len,
                 max: MAX_REPORT_BLOCK,
             });
         }
-        let r = region_range(mem, Q, d.addr, len)?;
+        let r = region_range(mem, queue, d.addr, len)?;
         let backing = discarder.backing(mem, r.region_start).map_err(|e| {
             tracing::debug!(gpa = d.addr.0, error = %e, "cannot determine backing");
             QueueError::Backing {
@@ -73,7 +77,7 @@ where
         });
     }
     let total_len = u32::try_from(total).map_err(|_| BalloonError::BufferTooLarge {
-        queue: Q,
+        queue,
         len: total,
         max: u64::from(u32::MAX),
     })?;

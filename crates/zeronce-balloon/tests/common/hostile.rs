@@ -24,6 +24,12 @@ pub fn still_serves(rig: &mut MockRig<'_>, q: QueueKind) {
             assert_eq!(len, 0x1000, "reporting still served");
         }
         QueueKind::Stats => {}
+        QueueKind::FreePageHint => {
+            // The hostile hint tests keep an acknowledged run going: a block is discarded.
+            let calls = rig.calls();
+            let len = rig.roundtrip(q, &[DriverBuf::write(8 * MIB, 0x1000)]);
+            assert_eq!((len, rig.calls()), (0, calls + 1), "hinting still served");
+        }
         _ => {
             let bitmap = rig.dev.negotiated().unwrap().inflate_bitmap().then_some(1);
             let bufs = rig.inflate_bufs(

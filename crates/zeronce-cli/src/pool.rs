@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use zeronce_daemon::endpoint::{parse_metrics_addr, MetricsAddr};
+use zeronce_daemon::AccessArgs;
 use zeronce_mem::HugePageSize;
 use zeronce_pool::client::{Client, TakeOptions};
 use zeronce_pool::server::{Limits, Server};
@@ -20,7 +22,7 @@ const SOCKET: &str = "/run/zeronce/pool.sock";
 #[derive(Subcommand)]
 pub enum PoolCmd {
     /// Run the daemon: N pre-zeroed files of size S on a hugetlbfs mount.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Take a pre-zeroed file; prints its path (or, with --fd, runs a command holding
     /// its descriptor).
     Take(TakeArgs),
@@ -99,10 +101,21 @@ pub struct ServeArgs {
     /// Client connections served at once (one more is refused with one error line).
     #[arg(long, default_value_t = Limits::default().max_connections)]
     pub max_connections: usize,
+    /// Client connections one process may have served at once (one more is refused
+    /// with one error line naming the process).
+    #[arg(long, default_value_t = Limits::default().max_per_pid)]
+    pub max_connections_per_pid: usize,
     /// A connection holding no file that sends no request for this long is closed,
     /// milliseconds.
     #[arg(long, default_value_t = Limits::default().idle_timeout.as_millis() as u64)]
     pub idle_timeout_ms: u64,
+    /// Who may connect to the control socket.
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// Serve the counters as a Prometheus page (HTTP GET) on this unix socket path or
+    /// loopback address (127.0.0.1:PORT); off by default.
+    #[arg(long, value_parser = parse_metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// `zeronce pool take`.
@@ -145,7 +158,7 @@ pub type PoolResult = Result<(), Box<dyn std::error::Error>>;
 /// Runs one verb.
 pub fn run(cmd: PoolCmd) -> PoolResult {
     match cmd {
-        PoolCmd::Serve(args) => serve(args),
+        PoolCmd::Serve(args) => serve(*args),
         PoolCmd::Take(args) => take(&args),
         PoolCmd::Return {
             path,
@@ -208,10 +221,15 @@ fn serve(args: ServeArgs) -> PoolResult {
     let pool = Arc::new(Pool::start(config)?);
     let limits = Limits {
         max_connections: args.max_connections,
+        max_per_pid: args.max_connections_per_pid,
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
         ..Limits::default()
     };
-    let server = Server::bind(pool, &args.socket.socket)?.with_limits(limits);
+    let mut server =
+        Server::bind_with(pool, &args.socket.socket, &args.access.access())?.with_limits(limits);
+    if let Some(addr) = &args.metrics {
+        server = server.with_metrics(addr)?;
+    }
     server.stop_on_signals()?;
     eprintln!(
         "zeronce pool: serving on {} (SIGINT/SIGTERM to stop)",

@@ -366,3 +366,137 @@ fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() 
         "RSS grew by more than 1 MiB: {before:?} -> {after:?}"
     );
 }
+
+/// `zeronce pool ARGS` run as user and group 65534 (nobody) through `setpriv`; `None`
+/// when this test cannot change users (not root, or no `setpriv`).
+fn pool_as_nobody(args: &[&str], socket: &std::path::Path) -> Option<std::process::Output> {
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output();
+    if !rustix::process::geteuid().is_root() || setpriv.is_err() {
+        return None;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zeronce"))
+        .arg("pool")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    Some(out)
+}
+
+/// The samples of the pool's Prometheus page, by name (with labels), its form checked by
+/// [`zeronce_daemon::prometheus::parse`]; every name starts `zeronce_pool_`.
+fn parse_metrics(page: &str) -> std::collections::BTreeMap<String, f64> {
+    let samples = zeronce_daemon::prometheus::parse(page).unwrap_or_else(|e| panic!("{e}"));
+    for name in samples.keys() {
+        assert!(name.starts_with("zeronce_pool_"), "{name}");
+    }
+    samples
+}
+
+#[test]
+#[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
+fn a_peer_of_another_user_is_refused_unless_allowed_and_the_metrics_page_counts_it() {
+    let metrics = std::env::temp_dir().join(format!("zeronce-pm-{}.sock", std::process::id()));
+    let metrics_arg = metrics.to_str().unwrap();
+    let args = ["--socket-mode", "0666", "--metrics", metrics_arg];
+    let mut daemon = Daemon::start_with("peer", &args);
+    daemon.wait_idle();
+    let Some(out) = pool_as_nobody(&["stats"], &daemon.socket) else {
+        eprintln!("skipped: needs root and setpriv to connect as another user");
+        return;
+    };
+    assert!(!out.status.success(), "nobody was answered: {out:?}");
+    let addr = zeronce_daemon::endpoint::MetricsAddr::Unix(metrics.clone());
+    let page = zeronce_daemon::endpoint::scrape(&addr).expect("the metrics page");
+    let m = parse_metrics(&page);
+    assert_eq!(m["zeronce_pool_refused_peers_total"], 1.0, "{page}");
+    drop(daemon);
+    // Allowed by uid: answered.
+    let daemon = Daemon::start_with(
+        "peer-allowed",
+        &["--socket-mode", "0666", "--allow-uid", "65534"],
+    );
+    let out = pool_as_nobody(&["stats"], &daemon.socket).unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+#[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
+fn the_metrics_page_parses_and_counts_takes_returns_refusals_and_zeroing() {
+    let metrics = std::env::temp_dir().join(format!("zeronce-pm2-{}.sock", std::process::id()));
+    let mut daemon = Daemon::start_with("metrics", &["--metrics", metrics.to_str().unwrap()]);
+    daemon.wait_idle();
+    let mut taker = Raw::connect(&daemon.socket);
+    let taken = taker.request(&take(PAGE)).unwrap();
+    let mut other = Raw::connect(&daemon.socket);
+    let reply = other.request(&json!({"op": "return", "path": taken["path"]}));
+    assert!(refused(&reply, "not_owner"), "{reply:?}");
+    let reply = taker.request(&json!({"op": "return", "path": taken["path"]}));
+    assert_eq!(reply.unwrap()["ok"], true);
+    drop((taker, other));
+    daemon.wait_idle();
+    let addr = zeronce_daemon::endpoint::MetricsAddr::Unix(metrics.clone());
+    let m = parse_metrics(&zeronce_daemon::endpoint::scrape(&addr).unwrap());
+    let s = daemon.stats();
+    let page_bytes = PAGE as f64;
+    assert_eq!(m["zeronce_pool_takes_total"], 1.0, "{m:?}");
+    assert_eq!(m["zeronce_pool_returns_total"], 1.0, "{m:?}");
+    assert_eq!(m["zeronce_pool_returns_refused_total"], 1.0, "{m:?}");
+    assert_eq!(m["zeronce_pool_returns_in_use_total"], 0.0, "{m:?}");
+    assert_eq!(
+        m["zeronce_pool_pages{state=\"free_zero\"}"], PAGES as f64,
+        "{m:?}"
+    );
+    assert_eq!(m["zeronce_pool_pages{state=\"in_use\"}"], 0.0, "{m:?}");
+    assert_eq!(m["zeronce_pool_page_bytes"], page_bytes);
+    let zeroed = m["zeronce_pool_zeroed_background_bytes_total"]
+        + m["zeronce_pool_zeroed_inline_bytes_total"]
+        + m["zeronce_pool_repopulated_bytes_total"];
+    assert!(zeroed >= 2.0 * PAGES as f64 * page_bytes, "{m:?}");
+    assert_eq!(
+        m["zeronce_pool_zeroed_background_bytes_total"],
+        counter(&s, "pages_zeroed_background") as f64 * page_bytes
+    );
+    assert!(m["zeronce_pool_zeroing_seconds_total"] >= 0.0);
+    assert!(m["zeronce_pool_zeroing_bytes_per_second"] >= 0.0);
+    assert!(m["zeronce_pool_connections_total"] >= 3.0, "{m:?}");
+    assert_eq!(m["zeronce_pool_refused_peers_total"], 0.0);
+}
+
+#[test]
+#[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
+fn one_process_reconnecting_cannot_take_every_connection() {
+    let mut daemon = Daemon::start_with(
+        "perpid",
+        &["--max-connections", "8", "--max-connections-per-pid", "3"],
+    );
+    daemon.wait_idle();
+    let mut mine: Vec<Raw> = (0..3).map(|_| Raw::connect(&daemon.socket)).collect();
+    for raw in &mut mine {
+        assert_eq!(raw.request(&json!({"op": "stats"})).unwrap()["ok"], true);
+    }
+    let reply = Raw::connect(&daemon.socket).reply();
+    assert!(refused(&reply, "too_many_connections"), "{reply:?}");
+    let message = reply.unwrap()["message"].to_string();
+    assert!(
+        message.contains(&format!("process {}", std::process::id())),
+        "{message}"
+    );
+    // Another process is served.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zeronce"))
+        .args(["pool", "stats", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["connections"]["refused_per_pid"], 1, "{v}");
+    // A slot given back is this process's again.
+    mine.pop();
+    daemon.wait_for(|d| d.client().stats().is_ok(), "a slot for this process");
+}

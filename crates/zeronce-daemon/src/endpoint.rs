@@ -37,12 +37,14 @@ pub fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
     }
 }
 
+#[derive(Debug)]
 enum Listener {
     Unix(UnixListener, PathBuf),
     Tcp(TcpListener),
 }
 
 /// A bound metrics endpoint; a unix socket is removed when it is dropped.
+#[derive(Debug)]
 pub struct MetricsEndpoint {
     listener: Listener,
 }

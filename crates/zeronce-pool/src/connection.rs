@@ -25,6 +25,10 @@ pub struct Limits {
     /// Connections served at once; one more gets a `too_many_connections` error line and
     /// is closed.
     pub max_connections: usize,
+    /// Connections one process (the peer's pid, `SO_PEERCRED`) may have served at once;
+    /// one more gets a `too_many_connections` error line naming the process and is
+    /// closed, so one client reconnecting cannot take every slot.
+    pub max_per_pid: usize,
     /// A connection that holds no file it took and sends no complete line for this long
     /// gets an `idle_timeout` error line and is closed. A connection holding a file (a
     /// lease, or a take to return on it) is never timed out, nor is a `watch`.
@@ -40,6 +44,7 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             max_connections: 256,
+            max_per_pid: 64,
             idle_timeout: Duration::from_secs(60),
             max_line_bytes: 16 << 10,
             write_timeout: Duration::from_secs(10),
@@ -52,43 +57,67 @@ impl Default for Limits {
 pub(crate) struct ConnectionCounters {
     pub(crate) accepted: AtomicU64,
     pub(crate) refused: AtomicU64,
+    pub(crate) refused_per_pid: AtomicU64,
     pub(crate) timed_out: AtomicU64,
     pub(crate) lines_too_long: AtomicU64,
     pub(crate) bad_requests: AtomicU64,
 }
 
-/// The served connections (a clone of each stream, to close it at shutdown).
+/// The served connections (a clone of each stream, to close it at shutdown, and its
+/// peer's pid).
 #[derive(Debug, Default)]
 pub(crate) struct Connections {
     next_id: AtomicU64,
-    open: Mutex<HashMap<u64, UnixStream>>,
+    open: Mutex<HashMap<u64, (UnixStream, i32)>>,
     closed: Condvar,
     pub(crate) counters: ConnectionCounters,
 }
 
 impl Connections {
-    /// Serves `stream` on a thread of its own, or refuses it (one error line, closed)
-    /// when `limits.max_connections` are served already.
-    pub(crate) fn serve(self: &Arc<Self>, pool: &Arc<Pool>, stream: UnixStream, limits: Limits) {
+    /// Serves `stream` (from process `pid`) on a thread of its own, or refuses it (one
+    /// error line, closed) when `limits.max_connections` are served already, or
+    /// `limits.max_per_pid` of process `pid`.
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        pool: &Arc<Pool>,
+        stream: UnixStream,
+        pid: i32,
+        limits: Limits,
+    ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         {
             let mut open = lock(&self.open);
-            if open.len() >= limits.max_connections {
-                drop(open);
-                self.counters.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    max = limits.max_connections,
-                    "connection refused: too many connections"
-                );
+            let mine = || open.values().filter(|(_, p)| *p == pid).count();
+            let refusal = if open.len() >= limits.max_connections {
                 let msg = format!(
                     "{} connections are served already; try again later",
                     limits.max_connections
                 );
+                Some((&self.counters.refused, msg))
+            } else if mine() >= limits.max_per_pid {
+                let msg = format!(
+                    "process {pid} has {} connections served already (--max-connections-per-pid); close one first",
+                    limits.max_per_pid
+                );
+                Some((&self.counters.refused_per_pid, msg))
+            } else {
+                None
+            };
+            if let Some((count, msg)) = refusal {
+                drop(open);
+                let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+                if zeronce_types::rate::log_this(n) {
+                    tracing::warn!(
+                        pid,
+                        refused = n,
+                        "connection refused: {msg} (first 10 logged, then at each doubling)"
+                    );
+                }
                 refuse(stream, "too_many_connections", &msg);
                 return;
             }
             match stream.try_clone() {
-                Ok(clone) => open.insert(id, clone),
+                Ok(clone) => open.insert(id, (clone, pid)),
                 Err(e) => {
                     tracing::warn!(%e, "connection dropped: cannot clone its socket");
                     return;
@@ -126,7 +155,7 @@ impl Connections {
     pub(crate) fn close_all(&self, patience: Duration) -> bool {
         let deadline = Instant::now() + patience;
         let mut open = lock(&self.open);
-        for stream in open.values() {
+        for (stream, _) in open.values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
         while !open.is_empty() {
@@ -149,6 +178,7 @@ impl Connections {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         json!({
             "open": self.open(), "accepted": n(&c.accepted), "refused": n(&c.refused),
+            "refused_per_pid": n(&c.refused_per_pid),
             "timed_out": n(&c.timed_out), "lines_too_long": n(&c.lines_too_long),
             "bad_requests": n(&c.bad_requests),
         })

@@ -43,7 +43,8 @@
 //! (`shared`), the zeroing of jobs on workers or on a requesting thread (`worker`), the
 //! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of a returned or
 //! orphaned file's users (`usage`), one client connection and the bounds on all of them
-//! (`connection`, its [`server::Limits`]), the answers to its requests (`requests`).
+//! (`connection`, its [`server::Limits`]), the answers to its requests (`requests`), the
+//! Prometheus page (`metrics`, [`server::Server::with_metrics`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -52,6 +53,7 @@ mod connection;
 mod daemon;
 mod events;
 pub mod files;
+mod metrics;
 mod pacer;
 pub mod persist;
 pub mod proto;

@@ -4,13 +4,14 @@
 //! [`Server::stop`]: no new connection, the pool stopped, every client connection closed
 //! and its thread done, then the state file written.
 
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use zeronce_daemon::endpoint::{MetricsAddr, MetricsEndpoint};
 
 use crate::connection::Connections;
 pub use crate::connection::Limits;
@@ -48,6 +49,8 @@ pub struct Server {
     limits: Limits,
     conns: Arc<Connections>,
     peers: zeronce_daemon::PeerGate,
+    socket_options: zeronce_daemon::SocketOptions,
+    metrics: Option<MetricsEndpoint>,
 }
 
 impl Server {
@@ -85,7 +88,24 @@ impl Server {
             limits: Limits::default(),
             conns: Arc::default(),
             peers: zeronce_daemon::PeerGate::new(access.peers.clone(), "pool"),
+            socket_options: access.socket,
+            metrics: None,
         })
+    }
+
+    /// The same server, also serving its counters as a Prometheus page on `addr` (the
+    /// endpoint of [`zeronce_daemon::endpoint`]; a unix socket gets the control
+    /// socket's mode and group).
+    pub fn with_metrics(mut self, addr: &MetricsAddr) -> Result<Server, ServeError> {
+        let endpoint =
+            MetricsEndpoint::bind(addr, &self.socket_options).map_err(ServeError::Bind)?;
+        self.metrics = Some(endpoint);
+        Ok(self)
+    }
+
+    /// The Prometheus page of the counters ([`Server::with_metrics`] serves it).
+    pub fn metrics_page(&self) -> String {
+        crate::metrics::render(&self.pool.stats(), &self.conns, self.peers.refused())
     }
 
     /// The same server with other bounds on its clients.
@@ -121,6 +141,29 @@ impl Server {
     /// then removes the socket and shuts the pool down (workers stopped after their
     /// current page, state file written).
     pub fn run(self) -> Result<(), ServeError> {
+        std::thread::scope(|s| {
+            if let Some(endpoint) = &self.metrics {
+                let spawned = std::thread::Builder::new()
+                    .name("zeronce-pool-metrics".into())
+                    .spawn_scoped(s, || {
+                        endpoint.serve(|| self.stop.load(Ordering::Acquire), || self.metrics_page())
+                    });
+                if let Err(e) = spawned {
+                    self.stop();
+                    return Err(ServeError::Socket {
+                        path: self.path.clone(),
+                        source: e,
+                    });
+                }
+            }
+            let result = self.serve();
+            // The metrics thread ends with the stop flag, whatever ended the loop.
+            self.stop();
+            result
+        })
+    }
+
+    fn serve(&self) -> Result<(), ServeError> {
         tracing::info!(socket = %self.path.display(), "serving");
         zeronce_daemon::notify::notify_or_log(zeronce_daemon::notify::READY);
         let tick = Timespec {
@@ -155,8 +198,8 @@ impl Server {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     backoff.succeeded();
-                    if self.peers.admit(&stream).is_some() {
-                        self.spawn_client(stream);
+                    if let Some(peer) = self.peers.admit(&stream) {
+                        self.conns.serve(&self.pool, stream, peer.pid, self.limits);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -174,9 +217,5 @@ impl Server {
         self.pool.shutdown()?;
         tracing::info!("pool stopped; state file written");
         result
-    }
-
-    fn spawn_client(&self, stream: UnixStream) {
-        self.conns.serve(&self.pool, stream, self.limits);
     }
 }

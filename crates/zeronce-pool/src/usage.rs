@@ -17,8 +17,10 @@ use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::{Condvar, Mutex};
 
 use rustix::fs::{openat, statat, AtFlags, Dir, Mode, OFlags};
+use zeronce_types::sync;
 
 /// Who uses a file, as far as `/proc` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,16 +35,98 @@ pub enum Usage {
     UsedBy(u32),
 }
 
+/// A file, by device and inode.
+type Key = (u64, u64);
+
+/// A walk's answer for one file (an error kept as its kind and text, to be given to
+/// every caller of the walk).
+type Answer = Result<Usage, (ErrorKind, String)>;
+
 /// Scans every process but this one for `path` (matched by device and inode).
+///
+/// Concurrent callers share walks ([`SCANS`]): a caller's file joins the next walk that
+/// starts after its call, so the answer is as fresh as a walk of its own would be, and
+/// four returns at once cost one or two walks instead of four.
+pub fn usage(path: &Path) -> std::io::Result<Usage> {
+    let meta = fs::metadata(path)?;
+    SCANS.check((meta.dev(), meta.ino()))
+}
+
+/// The walks of `/proc` in progress and the files waiting for the next one.
+struct Scans {
+    state: Mutex<ScanState>,
+    done: Condvar,
+}
+
+struct ScanState {
+    /// Tickets and files waiting for a walk that has not started yet.
+    pending: Vec<(u64, Key)>,
+    /// Answers of finished walks not yet collected, by ticket.
+    answers: Vec<(u64, Answer)>,
+    /// Whether a thread is walking now.
+    walking: bool,
+    next_ticket: u64,
+}
+
+/// The process's walks (one per process is enough: every pool in it asks the same
+/// `/proc`).
+static SCANS: Scans = Scans {
+    state: Mutex::new(ScanState {
+        pending: Vec::new(),
+        answers: Vec::new(),
+        walking: false,
+        next_ticket: 0,
+    }),
+    done: Condvar::new(),
+};
+
+impl Scans {
+    /// The usage of `key`, from a walk that starts after this call: the caller walks
+    /// itself (for every file waiting then) unless a walk is going on, in which case it
+    /// waits for that one to end and for the next.
+    fn check(&self, key: Key) -> std::io::Result<Usage> {
+        let mut st = sync::lock(&self.state);
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        st.pending.push((ticket, key));
+        loop {
+            if let Some(i) = st.answers.iter().position(|(t, _)| *t == ticket) {
+                let (_, answer) = st.answers.swap_remove(i);
+                return answer.map_err(|(kind, msg)| std::io::Error::new(kind, msg));
+            }
+            if st.walking {
+                st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let batch = std::mem::take(&mut st.pending);
+            st.walking = true;
+            drop(st);
+            let keys: Vec<Key> = batch.iter().map(|(_, k)| *k).collect();
+            let found = walk(&keys);
+            st = sync::lock(&self.state);
+            st.walking = false;
+            for (i, (t, _)) in batch.into_iter().enumerate() {
+                let answer = match &found {
+                    Ok(users) => Ok(users[i]),
+                    Err(e) => Err((e.kind(), e.to_string())),
+                };
+                st.answers.push((t, answer));
+            }
+            self.done.notify_all();
+        }
+    }
+}
+
+/// One walk of every process but this one, for all of `keys` at once.
 ///
 /// Every lookup is relative to an open directory (`/proc`, then `/proc/PID`, then its
 /// `fd`), not a full path: a return scans every descriptor of every process, and the
 /// path walks were a third of its cost.
-pub fn usage(path: &Path) -> std::io::Result<Usage> {
-    let meta = fs::metadata(path)?;
-    let (dev, ino) = (meta.dev(), meta.ino());
+fn walk(keys: &[Key]) -> std::io::Result<Vec<Usage>> {
     let me = std::process::id();
     let mut not_inspected = 0;
+    let mut users: Vec<Option<u32>> = vec![None; keys.len()];
+    let mut maps = Vec::new();
     let proc_dir = open_dir(rustix::fs::CWD, "/proc")?;
     for entry in Dir::read_from(&proc_dir)? {
         let Ok(entry) = entry else { continue };
@@ -53,9 +137,25 @@ pub fn usage(path: &Path) -> std::io::Result<Usage> {
         if pid == me {
             continue;
         }
-        match process_uses(&proc_dir, name, dev, ino) {
-            Ok(true) => return Ok(Usage::UsedBy(pid)),
-            Ok(false) => {}
+        let open: Vec<Key> = keys
+            .iter()
+            .zip(&users)
+            .filter(|(_, u)| u.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        match process_uses(&proc_dir, name, &open, &mut maps) {
+            Ok(used) => {
+                for key in used {
+                    for (k, u) in keys.iter().zip(users.iter_mut()) {
+                        if *k == key && u.is_none() {
+                            *u = Some(pid);
+                        }
+                    }
+                }
+            }
             // The process exited meanwhile.
             Err(e)
                 if e.kind() == ErrorKind::NotFound
@@ -64,7 +164,10 @@ pub fn usage(path: &Path) -> std::io::Result<Usage> {
             Err(e) => return Err(e),
         }
     }
-    Ok(Usage::Unused { not_inspected })
+    Ok(users
+        .into_iter()
+        .map(|u| u.map_or(Usage::Unused { not_inspected }, Usage::UsedBy))
+        .collect())
 }
 
 /// Opens the directory `name` relative to `dir`.
@@ -73,9 +176,15 @@ fn open_dir<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> std::io::Result<Ow
     Ok(openat(dir, name, flags, Mode::empty())?)
 }
 
-/// Whether process `pid` (its directory under `/proc`) has the file (`dev`, `ino`) open
-/// or mapped.
-fn process_uses(proc_dir: &OwnedFd, pid: &CStr, dev: u64, ino: u64) -> std::io::Result<bool> {
+/// Which of the files `keys` process `pid` (its directory under `/proc`) has open or
+/// mapped; `maps` is a buffer for its `/proc/PID/maps`.
+fn process_uses(
+    proc_dir: &OwnedFd,
+    pid: &CStr,
+    keys: &[Key],
+    maps: &mut Vec<u8>,
+) -> std::io::Result<Vec<Key>> {
+    let mut used = Vec::new();
     let mut path = pid.to_bytes().to_vec();
     path.extend_from_slice(b"/fd");
     let mut fds = Dir::new(open_dir(proc_dir, path.as_slice())?)?;
@@ -86,19 +195,32 @@ fn process_uses(proc_dir: &OwnedFd, pid: &CStr, dev: u64, ino: u64) -> std::io::
             continue;
         }
         if let Ok(st) = statat(fds.fd()?, name, AtFlags::empty()) {
-            if st.st_dev == dev && st.st_ino == ino {
-                return Ok(true);
+            let key = (st.st_dev, st.st_ino);
+            if keys.contains(&key) && !used.contains(&key) {
+                used.push(key);
             }
         }
+    }
+    if used.len() == keys.len() {
+        return Ok(used);
     }
     path.truncate(pid.to_bytes().len());
     path.extend_from_slice(b"/maps");
     let flags = OFlags::RDONLY | OFlags::CLOEXEC;
-    let mut maps = String::new();
-    fs::File::from(openat(proc_dir, path.as_slice(), flags, Mode::empty())?)
-        .read_to_string(&mut maps)?;
-    let want = (rustix::fs::major(dev), rustix::fs::minor(dev));
-    Ok(maps.lines().any(|line| maps_line_is(line, want, ino)))
+    maps.clear();
+    fs::File::from(openat(proc_dir, path.as_slice(), flags, Mode::empty())?).read_to_end(maps)?;
+    for line in maps.split(|&b| b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        for &(dev, ino) in keys {
+            let want = (rustix::fs::major(dev), rustix::fs::minor(dev));
+            if !used.contains(&(dev, ino)) && maps_line_is(line, want, ino) {
+                used.push((dev, ino));
+            }
+        }
+    }
+    Ok(used)
 }
 
 /// Whether one `/proc/PID/maps` line (`start-end perms offset MAJ:MIN inode path`) maps
@@ -153,5 +275,39 @@ mod tests {
         assert_eq!(seen, Usage::UsedBy(child.id()));
         assert!(matches!(usage(&path).unwrap(), Usage::Unused { .. }));
         fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn concurrent_checks_share_walks_and_each_gets_its_own_answer() {
+        let dir = std::env::temp_dir();
+        let held = dir.join(format!("zeronce-usage-held-{}", std::process::id()));
+        let free = dir.join(format!("zeronce-usage-free-{}", std::process::id()));
+        fs::write(&held, b"x").unwrap();
+        fs::write(&free, b"x").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(fs::File::open(&held).unwrap())
+            .spawn()
+            .expect("run sleep");
+        let answers: Vec<(bool, Usage)> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..16)
+                .map(|i| {
+                    let path = if i % 2 == 0 { &held } else { &free };
+                    s.spawn(move || (i % 2 == 0, usage(path).unwrap()))
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for (is_held, u) in answers {
+            if is_held {
+                assert_eq!(u, Usage::UsedBy(child.id()));
+            } else {
+                assert!(matches!(u, Usage::Unused { .. }), "{u:?}");
+            }
+        }
+        fs::remove_file(&held).unwrap();
+        fs::remove_file(&free).unwrap();
     }
 }

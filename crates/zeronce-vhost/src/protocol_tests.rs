@@ -231,25 +231,9 @@ fn uml_mem_table_config_and_config_change_over_the_backend_channel() {
     assert_eq!(status["connections"], 2);
 }
 
-/// Parses a Prometheus text page: every metric has `# HELP` and `# TYPE` before its
-/// samples, counters end in `_total`, and every sample's value is a number.
-fn parse_page(text: &str) -> std::collections::HashMap<String, f64> {
-    let mut typed = std::collections::HashSet::new();
-    let mut samples = std::collections::HashMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
-            assert!(kind == "counter" || kind == "gauge", "{line}");
-            assert!(kind != "counter" || name.ends_with("_total"), "{line}");
-            typed.insert(name.to_owned());
-        } else if !line.starts_with("# HELP ") {
-            let (key, value) = line.rsplit_once(' ').expect("name value");
-            let name = key.split('{').next().unwrap();
-            assert!(typed.contains(name), "{name}: a sample before its # TYPE");
-            samples.insert(key.to_owned(), value.parse().expect("a number"));
-        }
-    }
-    samples
+/// The page, read back ([`zeronce_daemon::prometheus::parse`] checks its form).
+fn parse_page(text: &str) -> std::collections::BTreeMap<String, f64> {
+    zeronce_daemon::prometheus::parse(text).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

@@ -344,7 +344,9 @@ fn serve_lines(
         }
         match crate::proto::Request::parse(text) {
             Ok(crate::proto::Request::Watch) => return requests::watch(pool, stream),
-            Ok(request) => requests::answer(pool, conns, id, stream, request, leases)?,
+            Ok(request) => {
+                requests::answer(pool, &|| conns.to_json(), id, stream, request, leases)?
+            }
             Err(e) => bad(&e.to_string())?,
         }
     }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde_json::{json, Value};
 
-use crate::connection::Connections;
 use crate::daemon::{Pool, PoolError};
 use crate::proto::{error_reply, Request};
 use crate::state::{Claim, FileId};
@@ -46,10 +45,11 @@ pub(crate) fn send_line(
     Ok(())
 }
 
-/// Answers one request (not `watch`) of connection `id`; `leases` are its leased files.
+/// Answers one request (not `watch`) of connection `id`; `leases` are its leased files,
+/// `connections` the connection counters `stats` reports (as JSON).
 pub(crate) fn answer(
     pool: &Pool,
-    conns: &Connections,
+    connections: &dyn Fn() -> Value,
     id: u64,
     stream: &UnixStream,
     request: Request,
@@ -113,7 +113,7 @@ pub(crate) fn answer(
             let mut v = stats.to_json();
             v["ok"] = true.into();
             v["nodes"] = node_counters(stats.page_bytes);
-            v["connections"] = conns.to_json();
+            v["connections"] = connections();
             send_line(stream, &v, None)
         }
         Request::Prezero { pages } => {

@@ -34,6 +34,7 @@ macro_rules! print {
 }
 
 pub mod common;
+pub mod contest;
 pub mod plot;
 pub mod served;
 pub mod stdout;
@@ -45,6 +46,7 @@ mod target;
 pub mod alloc;
 pub mod alloc_once;
 pub mod churn;
+pub mod malloc;
 pub mod peers;
 pub mod prezero;
 pub mod report_path;

@@ -1,11 +1,14 @@
 //! `zeronce bench peers`: zeronce as a global allocator against glibc, jemalloc and
 //! mimalloc. The workload binaries (crate `zeronce-peers`) run the same code and differ
 //! only in `#[global_allocator]`; every sample is a fresh process, contenders interleaved
-//! (the order rotates each round), medians per contender and step.
+//! (the order rotates by one each round, [`contest::rotation`], and is printed), medians per
+//! contender and step.
 //!
-//! A sample is *cold* when its time exceeds twice the median of its contender and step (for
-//! the churn: its throughput is under half the median): memory idle for seconds may be
-//! reclaimed by the machine's own host and faulted back. Every step records the idle time
+//! Memory idle for seconds may be reclaimed by the machine's own host and faulted back
+//! slowly. A reuse sample is *cold* by its own figures ([`contest::cold`]: CPU time its
+//! minor faults do not explain, per touched page); the churn and app samples carry no
+//! fault figures yet, so they are still judged by distance (time over twice the median of
+//! their contender and step, throughput under half). Every step records the idle time
 //! before it (`idle_ms`); cold samples are counted and shown, never dropped; the `*_warm`
 //! figures leave them out.
 
@@ -16,21 +19,24 @@ use std::process::Command;
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use crate::common::{at_least_one, BenchResult};
-use crate::stats::Summary;
+use crate::common::{at_least_one, BenchResult, Common};
+use crate::contest::{self, cold_sample, median, ratio, warm_median, Results};
 
 /// Options of `zeronce bench peers`.
 #[derive(Args, Clone, Debug)]
 pub struct PeersArgs {
-    /// Samples (fresh processes) per contender and step.
-    #[arg(long, default_value_t = 7, value_parser = at_least_one)]
-    pub samples: usize,
-    /// Seconds of the churn workload.
-    #[arg(long, default_value_t = 10, value_parser = at_least_one)]
-    pub churn_secs: usize,
-    /// Buffers of 64 MiB of the application-like workload.
-    #[arg(long, default_value_t = 16, value_parser = at_least_one)]
-    pub app_rounds: usize,
+    /// `--quick` (2 samples, 2 s of churn, 4 app rounds) and `--json`.
+    #[command(flatten)]
+    pub common: Common,
+    /// Samples (fresh processes) per contender and step [default: 7, quick 2].
+    #[arg(long, value_parser = at_least_one)]
+    pub samples: Option<usize>,
+    /// Seconds of the churn workload [default: 10, quick 2].
+    #[arg(long, value_parser = at_least_one)]
+    pub churn_secs: Option<usize>,
+    /// Buffers of 64 MiB of the application-like workload [default: 16, quick 4].
+    #[arg(long, value_parser = at_least_one)]
+    pub app_rounds: Option<usize>,
     /// Where the `peer-*` binaries are (default: beside this program; build them there with
     /// `cargo build --release --manifest-path crates/zeronce-peers/Cargo.toml --target-dir
     /// target`).
@@ -78,6 +84,46 @@ impl Figure {
             Figure::Rate(_) => value >= median / 2.0,
         }
     }
+
+    /// Whether `s` is warm: by its own fault figures when it carries them, else by its
+    /// distance from the median of `all` (its contender and step).
+    fn warm_sample(self, s: &Value, all: &[Value]) -> bool {
+        if let Some(cold) = cold_sample(s) {
+            return !cold;
+        }
+        let m = median(all, self.field());
+        match (s[self.field()].as_f64(), m) {
+            (Some(v), Some(m)) => self.warm(v, m),
+            _ => false,
+        }
+    }
+
+    /// How a step's samples were judged.
+    fn cold_by(self, all: &[Value]) -> &'static str {
+        if all.iter().all(|s| cold_sample(s).is_some()) {
+            "own minor faults and CPU time"
+        } else {
+            "distance from the median"
+        }
+    }
+}
+
+/// The sizing of a run: the flags, else their `--quick` or full defaults.
+#[derive(Clone, Copy, Debug)]
+struct Sizing {
+    samples: usize,
+    churn_secs: usize,
+    app_rounds: usize,
+}
+
+impl Sizing {
+    fn of(a: &PeersArgs) -> Self {
+        Sizing {
+            samples: a.common.pick(a.samples, 2, 7),
+            churn_secs: a.common.pick(a.churn_secs, 2, 10),
+            app_rounds: a.common.pick(a.app_rounds, 4, 16),
+        }
+    }
 }
 
 /// A step: workload arguments and the figure its samples are judged on.
@@ -89,7 +135,7 @@ struct Step {
     glibc_only: bool,
 }
 
-fn steps(a: &PeersArgs) -> Vec<Step> {
+fn steps(a: Sizing) -> Vec<Step> {
     let mut v = vec![Step {
         name: "floor".into(),
         args: vec!["floor".into()],
@@ -172,47 +218,9 @@ fn contenders(dir: &Path) -> Result<Vec<(PathBuf, &'static str)>, Box<dyn std::e
     .into())
 }
 
-/// Runs one sample; its JSON object.
-fn sample(bin: &Path, args: &[String]) -> Result<Value, Box<dyn std::error::Error>> {
-    let out = Command::new(bin).args(args).output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} {args:?} failed ({}): {}",
-            bin.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().ok_or("no output")?;
-    Ok(serde_json::from_str(line)?)
-}
-
-/// Samples per step name and contender.
-type Results = BTreeMap<String, BTreeMap<&'static str, Vec<Value>>>;
-
-fn median(samples: &[Value], field: &str) -> Option<f64> {
-    let v: Vec<f64> = samples.iter().filter_map(|s| s[field].as_f64()).collect();
-    Summary::of(&v).map(|s| s.median)
-}
-
-/// Median of `field` over the samples that are warm by `figure`, and the number of the
-/// others (cold).
-fn warm_median(samples: &[Value], field: &str, figure: Figure) -> (Option<f64>, usize) {
-    let Some(m) = median(samples, figure.field()) else {
-        return (None, 0);
-    };
-    let warm: Vec<Value> = samples
-        .iter()
-        .filter(|s| {
-            s[figure.field()]
-                .as_f64()
-                .is_some_and(|v| figure.warm(v, m))
-        })
-        .cloned()
-        .collect();
-    (median(&warm, field), samples.len() - warm.len())
+/// Warm median of `field` by `figure`'s judgement, and the cold count.
+fn warm_of(samples: &[Value], field: &str, figure: Figure) -> (Option<f64>, usize) {
+    warm_median(samples, field, |s| figure.warm_sample(s, samples))
 }
 
 fn summarise(results: &Results, steps: &[Step]) -> Value {
@@ -220,26 +228,14 @@ fn summarise(results: &Results, steps: &[Step]) -> Value {
     for step in steps {
         let mut per = Map::new();
         for (contender, samples) in &results[&step.name] {
-            let mut fields = Map::new();
-            let keys: Vec<String> = samples
-                .first()
-                .and_then(Value::as_object)
-                .map(|o| o.keys().cloned().collect())
-                .unwrap_or_default();
-            for k in keys
-                .iter()
-                .filter(|k| samples[0][k.as_str()].is_f64() || samples[0][k.as_str()].is_u64())
-            {
-                fields.insert(format!("{k}_median"), json!(median(samples, k)));
-            }
-            let field = step.figure.field();
-            let (warm, cold) = warm_median(samples, field, step.figure);
-            fields.insert(format!("{field}_warm_median"), json!(warm));
-            fields.insert("cold_samples".into(), json!(cold));
-            for f in [field, "idle_ms"] {
-                let each: Vec<Value> = samples.iter().map(|s| s[f].clone()).collect();
-                fields.insert(format!("{f}_samples"), json!(each));
-            }
+            let f = step.figure;
+            let mut fields = contest::summary(
+                samples,
+                f.field(),
+                |s| f.warm_sample(s, samples),
+                &["idle_ms", "minor_faults"],
+            );
+            fields.insert("cold_by".into(), json!(f.cold_by(samples)));
             per.insert((*contender).into(), Value::Object(fields));
         }
         out.insert(step.name.clone(), Value::Object(per));
@@ -253,13 +249,6 @@ fn medians(results: &Results, step: &str, field: &str) -> BTreeMap<&'static str,
         .iter()
         .filter_map(|(c, s)| median(s, field).map(|m| (*c, m)))
         .collect()
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> Value {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => json!(a / b),
-        _ => Value::Null,
-    }
 }
 
 fn best(m: &BTreeMap<&'static str, f64>, who: &[&str], lowest: bool) -> Option<f64> {
@@ -281,7 +270,7 @@ fn targets(results: &Results) -> Value {
     let warm3: BTreeMap<&str, f64> = results["reuse_3000ms"]
         .iter()
         .filter_map(|(c, s)| {
-            warm_median(s, "cpu_ms", Figure::Time("cpu_ms"))
+            warm_of(s, "cpu_ms", Figure::Time("cpu_ms"))
                 .0
                 .map(|m| (*c, m))
         })
@@ -316,43 +305,42 @@ fn targets(results: &Results) -> Value {
 /// Runs the benchmark; prints one JSON object.
 pub fn run(a: &PeersArgs) -> BenchResult {
     let contenders = contenders(&bin_dir(a)?)?;
-    let steps = steps(a);
-    let mut results: Results = BTreeMap::new();
-    for round in 0..a.samples {
-        for step in &steps {
-            let n = contenders.len();
-            for k in 0..n {
-                let (bin, name) = &contenders[(k + round) % n];
-                if step.glibc_only && *name != "glibc" {
-                    continue;
-                }
-                eprintln!("round {round} {} {name}", step.name);
-                let s = sample(bin, &step.args)?;
-                results
-                    .entry(step.name.clone())
-                    .or_default()
-                    .entry(name)
-                    .or_default()
-                    .push(s);
-            }
+    let z = Sizing::of(a);
+    let steps = steps(z);
+    let names: Vec<&'static str> = contenders.iter().map(|c| c.1).collect();
+    let step_names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
+    let results = contest::interleave(z.samples, &names, &step_names, |k, i| {
+        let (step, (bin, name)) = (&steps[k], &contenders[i]);
+        if step.glibc_only && *name != "glibc" {
+            return Ok(None);
         }
-    }
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpu
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(str::trim);
+        let mut cmd = Command::new(bin);
+        cmd.args(&step.args);
+        contest::sample(cmd).map(Some)
+    })?;
+    let cpu = contest::cpu();
+    let summary = summarise(&results, &steps);
     let report = json!({
         "bench": "peers",
-        "samples": a.samples,
-        "churn_secs": a.churn_secs,
-        "app_rounds": a.app_rounds,
-        "cpu": model,
+        "samples": z.samples,
+        "churn_secs": z.churn_secs,
+        "app_rounds": z.app_rounds,
+        "cpu": cpu["model"],
+        "cpu_family": cpu["family"],
+        "order": "rotated by one each round (round r starts with contender r mod n)",
         "targets": targets(&results),
-        "steps": summarise(&results, &steps),
+        "steps": summary,
     });
-    println!("{report}");
+    if a.common.json {
+        println!("{report}");
+    } else {
+        let figures: Vec<(&str, &str)> = steps
+            .iter()
+            .map(|s| (s.name.as_str(), s.figure.field()))
+            .collect();
+        contest::print_table(&report["steps"], &figures);
+        println!("targets: {:#}", report["targets"]);
+    }
     Ok(())
 }
 
@@ -360,12 +348,11 @@ pub fn run(a: &PeersArgs) -> BenchResult {
 mod tests {
     use super::*;
 
-    fn args() -> PeersArgs {
-        PeersArgs {
+    fn args() -> Sizing {
+        Sizing {
             samples: 3,
             churn_secs: 1,
             app_rounds: 1,
-            bin_dir: None,
         }
     }
 
@@ -379,7 +366,7 @@ mod tests {
     }
 
     fn summary_of(step: &str, field: &str, samples: &[(f64, f64)]) -> Value {
-        let steps: Vec<Step> = steps(&args())
+        let steps: Vec<Step> = steps(args())
             .into_iter()
             .filter(|s| s.name == step)
             .collect();

@@ -4,7 +4,8 @@
 use clap::Subcommand;
 use zeronce_bench::common::BenchResult;
 use zeronce_bench::{
-    alloc, alloc_once, churn, peers, prezero, report_path, rss_follow, upstream, vm_start, zero,
+    alloc, alloc_once, churn, malloc, peers, prezero, report_path, rss_follow, upstream, vm_start,
+    zero,
 };
 
 /// The benchmarks.
@@ -22,6 +23,8 @@ pub enum Which {
     RssFollow(rss_follow::RssFollowArgs),
     /// zeronce as the global allocator vs glibc, jemalloc and mimalloc: a fresh process per sample (its workload binaries are built apart; it says how when they are missing).
     Peers(peers::PeersArgs),
+    /// libzeronce.so vs glibc, jemalloc, mimalloc and tcmalloc under LD_PRELOAD: one C workload compiled with cc, a fresh process per sample (missing peers are skipped with their apt package).
+    Malloc(malloc::MallocArgs),
     /// The hugetlb pre-zeroing series: allocate 1 GiB of huge pages zeroed, pool pre-zeroed or not.
     Prezero(prezero::PrezeroArgs),
     /// 1 GiB reported through process mode, VM mode (device thread) and VM mode over vhost-user (device in `zeronce serve`).
@@ -47,6 +50,7 @@ pub fn run(which: Which) -> BenchResult {
         Which::ReportPath(args) => report_path::run(&args),
         Which::VmStart(args) => vm_start::run(&args),
         Which::Peers(args) => peers::run(&args),
+        Which::Malloc(args) => malloc::run(&args),
         Which::Upstream(args) => upstream::run(&args),
     }
 }

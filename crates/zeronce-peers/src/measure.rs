@@ -13,6 +13,18 @@ pub fn rss_anon_mib() -> f64 {
     zeronce_mem::ProcessRss::read().map_or(0.0, |r| r.anon as f64 / (1 << 20) as f64)
 }
 
+/// Minor page faults of the calling thread so far (`/proc/thread-self/stat`, field 10; 0
+/// if unreadable): with the step's CPU time it tells a cold sample from a warm one.
+pub fn thread_minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/stat")
+        .ok()
+        .and_then(|s| {
+            let after = s.rsplit_once(')')?.1.to_owned();
+            after.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// Milliseconds of a duration.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -23,6 +35,7 @@ pub fn ms(d: Duration) -> f64 {
 /// how long its memory sat unused before the clocks started.
 pub struct Timer {
     idle: Duration,
+    faults0: u64,
     cpu0: Duration,
     wall0: Instant,
 }
@@ -34,6 +47,7 @@ impl Timer {
         let idle = idle_from.elapsed();
         Timer {
             idle,
+            faults0: thread_minor_faults(),
             cpu0: thread_cpu(),
             wall0: Instant::now(),
         }
@@ -47,6 +61,11 @@ impl Timer {
     /// CPU time of the calling thread since the start.
     pub fn cpu(&self) -> Duration {
         thread_cpu() - self.cpu0
+    }
+
+    /// Minor page faults of the calling thread since the start.
+    pub fn minor_faults(&self) -> u64 {
+        thread_minor_faults().saturating_sub(self.faults0)
     }
 
     /// Wall time since the start.

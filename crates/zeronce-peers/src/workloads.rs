@@ -22,13 +22,14 @@ pub fn reuse(delay_ms: u64, idle_after_s: u64) -> Value {
     let mut again = vec![0u8; REUSE_BYTES];
     let alloc_cpu = timer.cpu();
     touch(&mut again);
-    let (cpu, wall) = (timer.cpu(), timer.wall());
+    let (cpu, wall, faults) = (timer.cpu(), timer.wall(), timer.minor_faults());
     let rss_after = rss_anon_mib();
     drop(again);
     std::thread::sleep(Duration::from_secs(idle_after_s));
     json!({
         "workload": "reuse", "delay_ms": delay_ms, "idle_ms": timer.idle_ms(),
         "alloc_cpu_ms": ms(alloc_cpu), "cpu_ms": ms(cpu), "wall_ms": ms(wall),
+        "minor_faults": faults, "pages_touched": REUSE_BYTES / 4096,
         "rss_idle_mib": rss_idle, "rss_after_mib": rss_after,
         "idle_after_s": idle_after_s, "rss_idle_after_free_mib": rss_anon_mib(),
     })

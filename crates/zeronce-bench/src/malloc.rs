@@ -1,0 +1,380 @@
+//! `zeronce bench malloc`: `libzeronce.so` against glibc, jemalloc, mimalloc and tcmalloc
+//! under `LD_PRELOAD`. One C workload binary (`workloads/malloc_work.c`, compiled with `cc`
+//! at run time) runs under every allocator; every sample is a fresh process, the
+//! contenders interleaved in rotating order ([`contest::interleave`]), medians per
+//! contender and step. Reuse samples are judged cold by their own minor faults and CPU
+//! time ([`contest::cold`]); the others are not judged.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use clap::Args;
+use serde_json::{json, Map, Value};
+
+use crate::common::{at_least_one, BenchResult, Common};
+use crate::contest::{self, cold_sample, Results};
+
+/// Options of `zeronce bench malloc`.
+#[derive(Args, Clone, Debug)]
+pub struct MallocArgs {
+    /// `--quick` (1 sample, one 256 MiB reuse round, fewer small objects: < 1 min) and
+    /// `--json`.
+    #[command(flatten)]
+    pub common: Common,
+    /// Samples (fresh processes) per contender and step [default: 5, quick 1].
+    #[arg(long, value_parser = at_least_one)]
+    pub samples: Option<usize>,
+    /// `libzeronce.so` [default: beside this program, where `cargo build --release`
+    /// leaves it].
+    #[arg(long)]
+    pub lib: Option<PathBuf>,
+}
+
+/// The shared libraries of the peers (Debian's paths).
+const LIBS: &str = "/usr/lib/x86_64-linux-gnu";
+
+/// A contender: its name, its preloaded library (none: glibc), the Debian package that
+/// installs it, and what it does underneath.
+struct Contender {
+    name: &'static str,
+    lib: Option<PathBuf>,
+    install: &'static str,
+    underneath: &'static str,
+}
+
+fn contenders(a: &MallocArgs) -> (Vec<Contender>, Vec<String>) {
+    let peer = |name, file: &str, package, underneath| Contender {
+        name,
+        lib: Some(Path::new(LIBS).join(file)),
+        install: package,
+        underneath,
+    };
+    let zeronce = a.lib.clone().unwrap_or_else(|| {
+        let exe = std::env::current_exe().unwrap_or_default();
+        exe.with_file_name("libzeronce.so")
+    });
+    let all = [
+        Contender {
+            name: "glibc",
+            lib: None,
+            install: "",
+            underneath: "ptmalloc2: per-thread arenas and tcache; blocks over the mmap \
+                         threshold (128 KiB, rising to 32 MiB) mmap'd and munmap'd at free",
+        },
+        peer(
+            "jemalloc",
+            "libjemalloc.so.2",
+            "apt-get install libjemalloc2",
+            "5.3: extents in size classes, per-thread caches; freed pages purged with \
+             madvise after the dirty decay (10 s)",
+        ),
+        peer(
+            "mimalloc",
+            "libmimalloc.so.2",
+            "apt-get install libmimalloc2.0",
+            "2.0: sharded free lists in pages of segments; freed memory reset \
+             (madvise) after a delay",
+        ),
+        peer(
+            "tcmalloc",
+            "libtcmalloc_minimal.so.4",
+            "apt-get install libtcmalloc-minimal4",
+            "gperftools: thread caches, central lists, a page heap that returns spans \
+             to the OS gradually",
+        ),
+        Contender {
+            name: "zeronce",
+            lib: Some(zeronce),
+            install: "cargo build --release -p zeronce-malloc, or pass --lib",
+            underneath: "small objects from mimalloc compiled in; large blocks from process \
+                         mode: known-zero reuse without memset, freed blocks zeroed in the \
+                         background and reported after the hold",
+        },
+    ];
+    let (mut kept, mut skipped) = (Vec::new(), Vec::new());
+    for c in all {
+        match &c.lib {
+            Some(lib) if !lib.is_file() => skipped.push(format!(
+                "skipped: {} not installed ({})",
+                lib.display(),
+                c.install
+            )),
+            _ => kept.push(c),
+        }
+    }
+    (kept, skipped)
+}
+
+/// Compiles the workload into a fresh temporary directory; the binary's path.
+fn compile() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let dir = std::env::temp_dir().join(format!("zeronce-bench-malloc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join("malloc_work.c");
+    std::fs::write(&src, include_str!("../workloads/malloc_work.c"))?;
+    let bin = dir.join("malloc_work");
+    let out = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .map_err(|e| {
+            format!(
+                "cc not found ({e}): the workload is C compiled at run time; apt-get install gcc"
+            )
+        })?;
+    if !out.status.success() {
+        return Err(format!("cc failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(bin)
+}
+
+/// A step: its name, the workload's arguments (empty: the sqlite program), the figure
+/// it is judged on (lower is better) and whether samples are judged cold.
+struct Step {
+    name: String,
+    args: Vec<String>,
+    figure: &'static str,
+    judged: bool,
+}
+
+/// 200k rows inserted in one transaction, then an index and a count.
+const SQL: &str = "PRAGMA journal_mode=OFF; BEGIN; CREATE TABLE t(a INTEGER, b TEXT);\n\
+    WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<200000)\n\
+    INSERT INTO t SELECT x, hex(randomblob(24)) FROM c;\n\
+    CREATE INDEX tb ON t(b); COMMIT; SELECT count(*) FROM t;\n";
+
+fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
+    let rounds = a.common.pick(None, 1, 3).to_string();
+    let ops = a.common.pick(None, 200_000, 1_000_000).to_string();
+    let step = |name: &str, args: &[&str], figure, judged| Step {
+        name: name.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        figure,
+        judged,
+    };
+    let mut v: Vec<Step> = [0, 100, 3000]
+        .iter()
+        .map(|d| {
+            step(
+                &format!("reuse_{d}ms"),
+                &["reuse", &d.to_string(), &rounds],
+                "cpu_ms",
+                true,
+            )
+        })
+        .collect();
+    v.push(step("idle_768mib", &["idle", "768"], "rss_5s_mib", false));
+    v.push(step("small_2x2", &["small", "2", &ops], "wall_ms", false));
+    if sqlite {
+        v.push(step("sqlite_200k", &[], "wall_ms", false));
+    }
+    v
+}
+
+fn has_sqlite3() -> bool {
+    Command::new("sqlite3")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `sqlite3` on a fresh database in `dir` with `SQL`; its wall time.
+fn sqlite(dir: &Path, preload: Option<&Path>) -> Result<Value, Box<dyn std::error::Error>> {
+    let db = dir.join("bench.db");
+    let _ = std::fs::remove_file(&db);
+    let mut cmd = Command::new("sqlite3");
+    cmd.arg(&db).stdin(Stdio::piped()).stdout(Stdio::piped());
+    preloaded(&mut cmd, preload);
+    let t = Instant::now();
+    let mut child = cmd.spawn()?;
+    std::io::Write::write_all(&mut child.stdin.take().ok_or("no stdin")?, SQL.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let wall = t.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows = stdout.lines().last().unwrap_or("").trim().to_owned();
+    if !out.status.success() || rows != "200000" {
+        return Err(format!("sqlite3 failed ({}): {rows}", out.status).into());
+    }
+    Ok(json!({ "workload": "sqlite", "rows": 200_000, "wall_ms": wall.as_secs_f64() * 1e3 }))
+}
+
+fn preloaded(cmd: &mut Command, lib: Option<&Path>) {
+    match lib {
+        Some(l) => cmd.env("LD_PRELOAD", l),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+}
+
+/// Per step and contender: the [`contest::summary`]; per step: zeronce's figure over the
+/// best peer's (warm medians where samples are judged).
+fn summarise(results: &Results, steps: &[Step]) -> (Value, Value) {
+    let (mut out, mut ratios) = (Map::new(), Map::new());
+    for step in steps {
+        let Some(per) = results.get(&step.name) else {
+            continue;
+        };
+        let mut m = Map::new();
+        let mut figures = Vec::new();
+        for (contender, samples) in per {
+            let warm = |s: &Value| !step.judged || cold_sample(s) != Some(true);
+            let mut fields = contest::summary(samples, step.figure, warm, &["minor_faults"]);
+            let by = if step.judged {
+                "own minor faults and CPU time"
+            } else {
+                "not judged"
+            };
+            fields.insert("cold_by".into(), json!(by));
+            figures.push((
+                *contender,
+                fields[&format!("{}_warm_median", step.figure)].as_f64(),
+            ));
+            m.insert((*contender).into(), Value::Object(fields));
+        }
+        out.insert(step.name.clone(), Value::Object(m));
+        ratios.insert(step.name.clone(), zeronce_over_best(&figures));
+    }
+    (Value::Object(out), Value::Object(ratios))
+}
+
+/// zeronce's figure over the lowest of the other contenders'.
+fn zeronce_over_best(figures: &[(&str, Option<f64>)]) -> Value {
+    let z = figures.iter().find(|f| f.0 == "zeronce").and_then(|f| f.1);
+    let best = figures
+        .iter()
+        .filter(|f| f.0 != "zeronce")
+        .filter_map(|f| f.1.map(|v| (f.0, v)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    json!({
+        "ratio_zeronce_over_best_peer": contest::ratio(z, best.map(|b| b.1)),
+        "best_peer": best.map(|b| b.0),
+    })
+}
+
+/// Runs the benchmark.
+pub fn run(a: &MallocArgs) -> BenchResult {
+    let (contenders, skipped) = contenders(a);
+    for s in &skipped {
+        eprintln!("{s}");
+    }
+    let bin = compile()?;
+    let dir = bin.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let sqlite3 = has_sqlite3();
+    if !sqlite3 {
+        eprintln!("skipped: sqlite3 not installed (apt-get install sqlite3): no real-program step");
+    }
+    let steps = steps(a, sqlite3);
+    let samples = a.common.pick(a.samples, 1, 5);
+    let names: Vec<&'static str> = contenders.iter().map(|c| c.name).collect();
+    let step_names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
+    let results = contest::interleave(samples, &names, &step_names, |k, i| {
+        let (step, lib) = (&steps[k], contenders[i].lib.as_deref());
+        if step.args.is_empty() {
+            return sqlite(&dir, lib).map(Some);
+        }
+        let mut cmd = Command::new(&bin);
+        cmd.args(&step.args);
+        preloaded(&mut cmd, lib);
+        contest::sample(cmd).map(Some)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let (summary, ratios) = summarise(&results?, &steps);
+    let underneath: Map<String, Value> = contenders
+        .iter()
+        .map(|c| (c.name.to_string(), json!(c.underneath)))
+        .collect();
+    let cpu = contest::cpu();
+    let report = json!({
+        "bench": "malloc", "samples": samples, "quick": a.common.quick,
+        "cpu": cpu["model"], "cpu_family": cpu["family"],
+        "order": "rotated by one each round (round r starts with contender r mod n)",
+        "skipped": skipped, "underneath": underneath,
+        "ratios": ratios, "steps": summary,
+    });
+    if a.common.json {
+        crate::println!("{report}");
+        return Ok(());
+    }
+    for c in &contenders {
+        crate::println!("{:<9} {}", c.name, c.underneath);
+    }
+    for s in &skipped {
+        crate::println!("{s}");
+    }
+    let figures: Vec<(&str, &str)> = steps.iter().map(|s| (s.name.as_str(), s.figure)).collect();
+    contest::print_table(&report["steps"], &figures);
+    for (step, r) in ratios.as_object().into_iter().flatten() {
+        crate::println!(
+            "{step:<14} zeronce / best peer ({}) = {}",
+            r["best_peer"].as_str().unwrap_or("-"),
+            r["ratio_zeronce_over_best_peer"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.2}"))
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ratio_is_over_the_best_other_contender() {
+        let r = zeronce_over_best(&[
+            ("glibc", Some(200.0)),
+            ("jemalloc", Some(100.0)),
+            ("zeronce", Some(50.0)),
+        ]);
+        assert_eq!(r["ratio_zeronce_over_best_peer"], json!(0.5));
+        assert_eq!(r["best_peer"], json!("jemalloc"));
+        let r = zeronce_over_best(&[("glibc", Some(200.0))]);
+        assert_eq!(r["ratio_zeronce_over_best_peer"], Value::Null);
+    }
+
+    #[test]
+    fn a_missing_library_is_skipped_with_how_to_install_it() {
+        let a = MallocArgs {
+            common: Common {
+                quick: true,
+                json: false,
+            },
+            samples: None,
+            lib: Some("/nonexistent/libzeronce.so".into()),
+        };
+        let (kept, skipped) = contenders(&a);
+        assert!(kept.iter().any(|c| c.name == "glibc"));
+        assert!(!kept.iter().any(|c| c.name == "zeronce"));
+        let line = skipped
+            .iter()
+            .find(|s| s.contains("libzeronce.so"))
+            .unwrap();
+        assert!(
+            line.starts_with("skipped: ") && line.contains("cargo build"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn reuse_steps_are_judged_and_the_others_not() {
+        let a = MallocArgs {
+            common: Common {
+                quick: true,
+                json: false,
+            },
+            samples: None,
+            lib: None,
+        };
+        let s = steps(&a, true);
+        let judged: Vec<&str> = s
+            .iter()
+            .filter(|s| s.judged)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(judged, ["reuse_0ms", "reuse_100ms", "reuse_3000ms"]);
+        assert!(s
+            .iter()
+            .any(|s| s.name == "sqlite_200k" && s.args.is_empty()));
+        assert!(!steps(&a, false).iter().any(|s| s.name == "sqlite_200k"));
+    }
+}

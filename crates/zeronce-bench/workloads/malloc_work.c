@@ -1,0 +1,190 @@
+/* The C workload of `zeronce bench malloc`: the same binary runs under every allocator
+ * (LD_PRELOAD or none); each run prints one JSON object on its last line. Compiled at
+ * run time with `cc -O2 -pthread`.
+ *
+ *   malloc_work reuse DELAY_MS ROUNDS   calloc 256/128/64 MiB in turn, touch, free, idle
+ *                                       DELAY_MS, calloc+touch again (timed: thread CPU
+ *                                       time and the thread's own minor faults)
+ *   malloc_work idle MIB                free MIB in 64 MiB blocks; RSS 1 s and 5 s later
+ *   malloc_work small THREADS OPS       producer/consumer pairs of small objects (wall)
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+static double ms_of(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static long thread_minflt(void) {
+    struct rusage r;
+    getrusage(RUSAGE_THREAD, &r);
+    return r.ru_minflt;
+}
+
+static double rss_mib(void) {
+    long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return resident * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
+}
+
+static void touch(volatile char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 4096) p[i] = 1;
+}
+
+static void *must(void *p) {
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static int reuse(long delay_ms, long rounds) {
+    static const size_t mib[3] = {256, 128, 64};
+    double cpu = 0;
+    long faults = 0, pages = 0;
+    for (long r = 0; r < rounds; r++) {
+        size_t n = mib[r % 3] << 20;
+        char *p = must(calloc(1, n));
+        touch(p, n);
+        free(p);
+        usleep(delay_ms * 1000);
+        double c0 = ms_of(CLOCK_THREAD_CPUTIME_ID);
+        long f0 = thread_minflt();
+        p = must(calloc(1, n));
+        if (p[n / 2] != 0) {
+            fprintf(stderr, "calloc returned non-zero memory\n");
+            return 1;
+        }
+        touch(p, n);
+        cpu += ms_of(CLOCK_THREAD_CPUTIME_ID) - c0;
+        faults += thread_minflt() - f0;
+        pages += n / 4096;
+        free(p);
+    }
+    printf("{\"workload\":\"reuse\",\"delay_ms\":%ld,\"idle_ms\":%ld,\"rounds\":%ld,"
+           "\"cpu_ms\":%.3f,\"minor_faults\":%ld,\"pages_touched\":%ld}\n",
+           delay_ms, delay_ms, rounds, cpu, faults, pages);
+    return 0;
+}
+
+static int idle(long mib) {
+    long blocks = mib / 64;
+    char **p = must(calloc(blocks, sizeof *p));
+    for (long i = 0; i < blocks; i++) {
+        p[i] = must(malloc(64 << 20));
+        memset(p[i], 1, 64 << 20);
+    }
+    double peak = rss_mib();
+    for (long i = 0; i < blocks; i++) free(p[i]);
+    free(p);
+    double at0 = rss_mib();
+    sleep(1);
+    double at1 = rss_mib();
+    sleep(4);
+    printf("{\"workload\":\"idle\",\"freed_mib\":%ld,\"rss_peak_mib\":%.1f,"
+           "\"rss_at_free_mib\":%.1f,\"rss_1s_mib\":%.1f,\"rss_5s_mib\":%.1f}\n",
+           blocks * 64, peak, at0, at1, rss_mib());
+    return 0;
+}
+
+/* A single-producer single-consumer ring of pointers: the consumer frees what the
+ * producer allocated (cross-thread frees); the producer also churns a slot array of its
+ * own (larson-style: free a random slot, allocate it again). */
+#define RING 4096
+struct pair {
+    _Atomic(char *) ring[RING];
+    long ops;
+    uint64_t seed;
+    long checksum;
+};
+
+static uint64_t next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static size_t small_size(uint64_t *x) { return 16 + next(x) % 1009; }
+
+static void *producer(void *arg) {
+    struct pair *q = arg;
+    char *slots[1000] = {0};
+    uint64_t x = q->seed;
+    for (long i = 0; i < q->ops; i++) {
+        size_t n = small_size(&x);
+        char *p = must(malloc(n));
+        p[0] = (char)n;
+        p[n - 1] = 1;
+        _Atomic(char *) *cell = &q->ring[i % RING];
+        while (atomic_load_explicit(cell, memory_order_acquire)) sched_yield();
+        atomic_store_explicit(cell, p, memory_order_release);
+        size_t k = next(&x) % 1000;
+        free(slots[k]);
+        slots[k] = must(malloc(small_size(&x)));
+        slots[k][0] = 1;
+    }
+    for (int k = 0; k < 1000; k++) free(slots[k]);
+    return NULL;
+}
+
+static void *consumer(void *arg) {
+    struct pair *q = arg;
+    long sum = 0;
+    for (long i = 0; i < q->ops; i++) {
+        _Atomic(char *) *cell = &q->ring[i % RING];
+        char *p;
+        while (!(p = atomic_load_explicit(cell, memory_order_acquire))) sched_yield();
+        atomic_store_explicit(cell, NULL, memory_order_release);
+        sum += (unsigned char)p[0];
+        free(p);
+    }
+    q->checksum = sum;
+    return NULL;
+}
+
+static int small(long pairs, long ops) {
+    struct pair *q = must(calloc(pairs, sizeof *q));
+    pthread_t *t = must(calloc(2 * pairs, sizeof *t));
+    double w0 = ms_of(CLOCK_MONOTONIC);
+    for (long i = 0; i < pairs; i++) {
+        q[i].ops = ops;
+        q[i].seed = 0x9E3779B97F4A7C15ull ^ (uint64_t)(i + 1);
+        pthread_create(&t[2 * i], NULL, producer, &q[i]);
+        pthread_create(&t[2 * i + 1], NULL, consumer, &q[i]);
+    }
+    long sum = 0;
+    for (long i = 0; i < 2 * pairs; i++) pthread_join(t[i], NULL);
+    for (long i = 0; i < pairs; i++) sum += q[i].checksum;
+    double wall = ms_of(CLOCK_MONOTONIC) - w0;
+    printf("{\"workload\":\"small\",\"pairs\":%ld,\"ops\":%ld,\"checksum\":%ld,"
+           "\"wall_ms\":%.3f,\"rss_mib\":%.1f}\n",
+           pairs, ops, sum, wall, rss_mib());
+    free(t);
+    free(q);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    long a = argc > 2 ? atol(argv[2]) : 0, b = argc > 3 ? atol(argv[3]) : 0;
+    if (argc > 3 && !strcmp(argv[1], "reuse")) return reuse(a, b);
+    if (argc > 2 && !strcmp(argv[1], "idle")) return idle(a);
+    if (argc > 3 && !strcmp(argv[1], "small")) return small(a, b);
+    fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS\n");
+    return 2;
+}

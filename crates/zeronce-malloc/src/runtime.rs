@@ -83,11 +83,12 @@ impl Runtime {
         // Each creates its arena only at its first large allocation.
         let backends = std::array::from_fn(|_| {
             let backend = ProcessBackend::new().threshold(config.threshold);
+            // Under the zero-once lifecycle the hold is the reporting delay.
             let backend = match config.host {
                 Host::ZeroThenReport => backend.zero_then_report(config.delay),
-                Host::Discard(policy) => backend.policy(policy),
+                Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
-            let backend = backend.reporting_delay(config.delay).verify(config.verify);
+            let backend = backend.verify(config.verify);
             match config.zeroer() {
                 Some(z) => backend.zeroer(z),
                 None => backend,

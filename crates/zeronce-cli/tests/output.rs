@@ -68,8 +68,10 @@ fn vm_demo_json_counts_each_device_apart_and_what_went_beyond_the_working_set() 
         "256",
         "--working-set-mib",
         "32",
+        // Long enough that no reporting pass runs while a device's working set is being
+        // written on a loaded machine (a pass then would report a block written after it).
         "--delay-ms",
-        "100",
+        "1000",
     ]);
     // Steps 0 (start) to 5: step 4 is the fifth.
     assert_eq!(v["steps"][4]["blocks_known_zero_from_host"], 16, "{v}");

@@ -19,8 +19,11 @@ pub struct Config {
     pub delay: Duration,
     /// `ZERONCE_HOST`: `zero-then-report` (default), `immediate`, `hold` or `lazy`.
     pub host: Host,
-    /// `ZERONCE_ZEROER`: background zeroer threads (default: 1 under `zero-then-report`).
-    pub zeroer_threads: Option<usize>,
+    /// `ZERONCE_ZEROER` (threads, 0-64), `ZERONCE_ZEROER_NICE` (-20 to 19, `inherit`) and
+    /// `ZERONCE_ZEROER_RATE` (bytes per second, `unlimited`): the background zeroer;
+    /// `None` (none set) leaves the backend's default (one thread at nice 10 under
+    /// `zero-then-report`, unlimited).
+    pub zeroer: Option<ZeroerConfig>,
     /// `ZERONCE_VERIFY=1`: every zero claim checked against memory (slow).
     pub verify: bool,
     /// `ZERONCE_SHOW_STATS=1`: counters on stderr at exit.
@@ -48,7 +51,7 @@ impl Default for Config {
             threshold: DEFAULT_THRESHOLD,
             delay: DEFAULT_DELAY,
             host: Host::ZeroThenReport,
-            zeroer_threads: None,
+            zeroer: None,
             verify: false,
             show_stats: false,
         }
@@ -70,75 +73,88 @@ impl Config {
         complain: &mut dyn FnMut(&str),
     ) -> Config {
         let d = Config::default();
-        let mut var = |name: &str, what: &str| -> Option<String> {
-            let value = get(name)?;
-            match value.to_str() {
-                Some(v) => Some(v.trim().to_string()),
-                None => {
-                    bad(complain, name, &value.to_string_lossy(), what);
-                    None
-                }
-            }
+        let mut env = Env {
+            get: &get,
+            complain,
         };
-        let threshold_what = "a size such as 2M, 512K or 1G (at least 4K)";
-        let threshold = var("ZERONCE_THRESHOLD", threshold_what);
-        let delay = var("ZERONCE_DELAY_MS", "milliseconds");
-        let host_what = "zero-then-report, immediate, hold or lazy";
-        let host = var("ZERONCE_HOST", host_what);
-        let zeroer = var("ZERONCE_ZEROER", "a number of threads (0-64)");
-        let verify = var("ZERONCE_VERIFY", "0 or 1");
-        let stats = var("ZERONCE_SHOW_STATS", "0 or 1");
-        let mut check = |name: &str, what: &str, value: Option<String>, ok: bool| {
-            if let (Some(v), false) = (value, ok) {
-                bad(complain, name, &v, what);
-            }
-        };
-        let t = threshold
-            .as_deref()
-            .and_then(parse_size)
-            .filter(|&b| b >= 4096);
-        check("ZERONCE_THRESHOLD", threshold_what, threshold, t.is_some());
-        let ms = delay.as_deref().and_then(|v| v.parse::<u64>().ok());
-        check("ZERONCE_DELAY_MS", "milliseconds", delay, ms.is_some());
-        let delay = ms.map_or(d.delay, Duration::from_millis);
-        let policy = match host.as_deref() {
-            None | Some("zero-then-report") => Some(Host::ZeroThenReport),
-            Some("immediate") => Some(Host::Discard(DiscardPolicy::Immediate)),
-            Some("hold") => Some(Host::Discard(DiscardPolicy::Hold(delay))),
-            Some("lazy") => Some(Host::Discard(DiscardPolicy::Lazy)),
-            Some(_) => None,
-        };
-        check("ZERONCE_HOST", host_what, host, policy.is_some());
-        let threads = zeroer
-            .as_deref()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n <= 64);
-        check(
-            "ZERONCE_ZEROER",
-            "a number of threads (0-64)",
-            zeroer,
-            threads.is_some(),
+        let threshold = env.read(
+            "ZERONCE_THRESHOLD",
+            "a size such as 2M, 512K or 1G (at least 4K)",
+            |v| parse_size(v).filter(|&b| b >= 4096),
         );
-        let v = verify.as_deref().and_then(parse_bool);
-        check("ZERONCE_VERIFY", "0 or 1", verify, v.is_some());
-        let s = stats.as_deref().and_then(parse_bool);
-        check("ZERONCE_SHOW_STATS", "0 or 1", stats, s.is_some());
+        let delay = env
+            .read("ZERONCE_DELAY_MS", "milliseconds", |v| v.parse().ok())
+            .map_or(d.delay, Duration::from_millis);
+        let host = env.read(
+            "ZERONCE_HOST",
+            "zero-then-report, immediate, hold or lazy",
+            |v| match v {
+                "zero-then-report" => Some(Host::ZeroThenReport),
+                "immediate" => Some(Host::Discard(DiscardPolicy::Immediate)),
+                "hold" => Some(Host::Discard(DiscardPolicy::Hold(delay))),
+                "lazy" => Some(Host::Discard(DiscardPolicy::Lazy)),
+                _ => None,
+            },
+        );
+        let threads = env.read("ZERONCE_ZEROER", "a number of threads (0-64)", |v| {
+            v.parse().ok().filter(|&n: &usize| n <= 64)
+        });
+        let nice = env.read(
+            "ZERONCE_ZEROER_NICE",
+            "a nice value (-20 to 19) or `inherit`",
+            |v| match v {
+                "inherit" => Some(None),
+                _ => Some(Some(v.parse().ok().filter(|n| (-20..=19).contains(n))?)),
+            },
+        );
+        let rate = env.read(
+            "ZERONCE_ZEROER_RATE",
+            "bytes per second such as 1G or 512M, or `unlimited`",
+            |v| match v {
+                "unlimited" => Some(None),
+                _ => Some(Some(parse_size(v).filter(|&b| b > 0)? as u64)),
+            },
+        );
+        let zeroer = (threads.is_some() || nice.is_some() || rate.is_some()).then(|| {
+            let z = ZeroerConfig::default();
+            ZeroerConfig {
+                threads: threads.unwrap_or(z.threads),
+                nice: nice.unwrap_or(z.nice),
+                bytes_per_sec: rate.unwrap_or(z.bytes_per_sec),
+            }
+        });
         Config {
-            threshold: t.unwrap_or(d.threshold),
+            threshold: threshold.unwrap_or(d.threshold),
             delay,
-            host: policy.unwrap_or(d.host),
-            zeroer_threads: threads,
-            verify: v.unwrap_or(d.verify),
-            show_stats: s.unwrap_or(d.show_stats),
+            host: host.unwrap_or(d.host),
+            zeroer,
+            verify: env.flag("ZERONCE_VERIFY").unwrap_or(d.verify),
+            show_stats: env.flag("ZERONCE_SHOW_STATS").unwrap_or(d.show_stats),
         }
     }
+}
 
-    /// The background zeroer settings, when `ZERONCE_ZEROER` chose a thread count.
-    pub fn zeroer(&self) -> Option<ZeroerConfig> {
-        self.zeroer_threads.map(|threads| ZeroerConfig {
-            threads,
-            ..ZeroerConfig::default()
-        })
+/// The environment being read, and where complaints go.
+struct Env<'a> {
+    get: &'a dyn Fn(&str) -> Option<OsString>,
+    complain: &'a mut dyn FnMut(&str),
+}
+
+impl Env<'_> {
+    /// `name`'s value through `parse`; `None` when unset, or (after one complaint saying
+    /// `what` was expected) when it does not parse.
+    fn read<T>(&mut self, name: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
+        let value = (self.get)(name)?;
+        let parsed = value.to_str().and_then(|v| parse(v.trim()));
+        if parsed.is_none() {
+            bad(self.complain, name, &value.to_string_lossy(), what);
+        }
+        parsed
+    }
+
+    /// A yes/no variable.
+    fn flag(&mut self, name: &str) -> Option<bool> {
+        self.read(name, "0 or 1", parse_bool)
     }
 }
 
@@ -205,8 +221,53 @@ mod tests {
             c.host,
             Host::Discard(DiscardPolicy::Hold(Duration::from_millis(250)))
         );
-        assert_eq!(c.zeroer().map(|z| z.threads), Some(2));
+        assert_eq!(c.zeroer.map(|z| z.threads), Some(2));
         assert!(c.verify && c.show_stats);
+    }
+
+    #[test]
+    fn the_zeroer_is_set_by_any_of_its_variables() {
+        let (c, lines) = config(&[("ZERONCE_ZEROER_NICE", "19")]);
+        assert!(lines.is_empty(), "{lines:?}");
+        let z = c.zeroer.expect("a zeroer variable was set");
+        assert_eq!((z.threads, z.nice, z.bytes_per_sec), (1, Some(19), None));
+        let (c, lines) = config(&[
+            ("ZERONCE_ZEROER", "3"),
+            ("ZERONCE_ZEROER_NICE", "inherit"),
+            ("ZERONCE_ZEROER_RATE", "512M"),
+        ]);
+        assert!(lines.is_empty(), "{lines:?}");
+        let z = c.zeroer.expect("zeroer variables were set");
+        assert_eq!(
+            (z.threads, z.nice, z.bytes_per_sec),
+            (3, None, Some(512 << 20))
+        );
+        let (c, lines) = config(&[("ZERONCE_ZEROER_RATE", "unlimited")]);
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(c.zeroer.map(|z| z.bytes_per_sec), Some(None));
+    }
+
+    #[test]
+    fn bad_zeroer_values_are_refused_one_line_each() {
+        let (c, lines) = config(&[
+            ("ZERONCE_ZEROER", "65"),
+            ("ZERONCE_ZEROER_NICE", "20"),
+            ("ZERONCE_ZEROER_RATE", "0"),
+            ("ZERONCE_VERIFY", "maybe"),
+        ]);
+        assert_eq!(c, Config::default());
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        for (line, name) in lines.iter().zip([
+            "ZERONCE_ZEROER=65",
+            "ZERONCE_ZEROER_NICE=20",
+            "ZERONCE_ZEROER_RATE=0",
+            "ZERONCE_VERIFY=maybe",
+        ]) {
+            assert!(
+                line.starts_with(&format!("zeronce: ignoring {name}: expected")),
+                "{line}"
+            );
+        }
     }
 
     #[test]

@@ -91,21 +91,21 @@ unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *m
         // SAFETY: both blocks are live, distinct, and hold at least this many bytes.
         unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), new.cast(), old.min(size)) };
         // SAFETY: `p` is live and no longer used.
-        unsafe { free(p) };
+        unsafe { c_free(p) };
     }
     new
 }
 
 /// C `malloc`.
-#[no_mangle]
-pub extern "C" fn malloc(size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_malloc(size: usize) -> *mut c_void {
     alloc(size, NATURAL, false)
 }
 
 /// C `calloc`: `NULL` and `ENOMEM` when `n * size` overflows. A zeronce block known to be
 /// zero is not written.
-#[no_mangle]
-pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         Some(total) => alloc(total, NATURAL, true),
         None => or_enomem(null_mut()),
@@ -117,8 +117,8 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is `NULL` or a live block of this allocator.
-#[no_mangle]
-pub unsafe extern "C" fn free(p: *mut c_void) {
+#[inline(always)]
+unsafe fn c_free(p: *mut c_void) {
     if p.is_null() {
         return;
     }
@@ -141,14 +141,14 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 ///
 /// # Safety
 /// `p` is `NULL` or a live block of this allocator.
-#[no_mangle]
-pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+#[inline(always)]
+unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
-        return malloc(size);
+        return c_malloc(size);
     }
     if size == 0 {
         // SAFETY: the caller's promise.
-        unsafe { free(p) };
+        unsafe { c_free(p) };
         return null_mut();
     }
     let addr = p as usize;
@@ -162,7 +162,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             .large_usable(addr)
             .unwrap_or_else(|| bad_pointer("realloc", addr));
         // SAFETY: a live zeronce block of `old` usable bytes.
-        return unsafe { moved(p, old, size, malloc(size)) };
+        return unsafe { moved(p, old, size, c_malloc(size)) };
     }
     if let Some(new) = rt
         .filter(|_| large)
@@ -180,11 +180,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 ///
 /// # Safety
 /// As [`realloc`].
-#[no_mangle]
-pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+#[inline(always)]
+unsafe fn c_reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
         // SAFETY: the caller's promise.
-        Some(total) => unsafe { realloc(p, total) },
+        Some(total) => unsafe { c_realloc(p, total) },
         None => or_enomem(null_mut()),
     }
 }
@@ -194,8 +194,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 ///
 /// # Safety
 /// `out` is valid for a pointer write.
-#[no_mangle]
-pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+#[inline(always)]
+unsafe fn c_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
     if !align.is_power_of_two() || !align.is_multiple_of(size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
@@ -210,8 +210,8 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 
 /// C11 `aligned_alloc`: `NULL` and `EINVAL` unless `align` is a power of two (as glibc
 /// 2.38 and later).
-#[no_mangle]
-pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_aligned_alloc(align: usize, size: usize) -> *mut c_void {
     if !align.is_power_of_two() {
         set_errno(libc::EINVAL);
         return null_mut();
@@ -221,8 +221,8 @@ pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
 
 /// `memalign`, as glibc's: an alignment that is not a power of two is rounded up to one;
 /// `NULL` and `EINVAL` when there is none.
-#[no_mangle]
-pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_memalign(align: usize, size: usize) -> *mut c_void {
     match align.max(1).checked_next_power_of_two() {
         Some(align) => alloc(size, align, false),
         None => {
@@ -233,14 +233,14 @@ pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
 }
 
 /// `valloc`: page aligned.
-#[no_mangle]
-pub extern "C" fn valloc(size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_valloc(size: usize) -> *mut c_void {
     alloc(size, PAGE, false)
 }
 
 /// `pvalloc`: page aligned, the size rounded up to whole pages (one page for 0).
-#[no_mangle]
-pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+#[inline(always)]
+fn c_pvalloc(size: usize) -> *mut c_void {
     match size.max(1).checked_next_multiple_of(PAGE) {
         Some(size) => alloc(size, PAGE, false),
         None => or_enomem(null_mut()),
@@ -252,8 +252,8 @@ pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is `NULL` or a live block of this allocator.
-#[no_mangle]
-pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+#[inline(always)]
+unsafe fn c_malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
     }
@@ -261,51 +261,87 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     unsafe { usable("malloc_usable_size", p) }
 }
 
-/// `cfree`: `free` (old glibc programs).
+/// Exports an implementation under its C names. The implementations call one another
+/// directly, never through an exported name: loaded with `dlopen`, this library's own
+/// calls to `free` would otherwise bind to glibc's (the first definition in the global
+/// scope) and hand it zeronce's blocks.
 ///
-/// # Safety
-/// As [`free`].
-#[no_mangle]
-pub unsafe extern "C" fn cfree(p: *mut c_void) {
-    // SAFETY: the caller's promise.
-    unsafe { free(p) }
-}
-
-/// glibc's internal names, which some programs and libraries call directly (memory
-/// debuggers, code that wraps `malloc` and calls the "real" one): without them such a call
-/// reaches glibc's allocator and its block later comes to ours. mimalloc's and tcmalloc's
-/// glibc overrides export the same names.
-macro_rules! libc_alias {
-    ($(#[$doc:meta])* $name:ident => $target:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
-        $(#[$doc])*
+/// glibc's internal names (`__libc_malloc`, …) are exported too: some programs and
+/// libraries call them directly (memory debuggers, code that wraps `malloc` and calls the
+/// "real" one), and without them such a call would reach glibc's allocator and its block
+/// later come to ours. mimalloc's and tcmalloc's glibc overrides export the same names.
+macro_rules! export {
+    ($imp:ident $params:tt -> $ret:ty as $($(#[$doc:meta])* $name:ident),+) => {
+        $( export!(@one $imp $params $ret, [$(#[$doc])*] $name); )+
+    };
+    (@one $imp:ident ($($arg:ident: $ty:ty),*) $ret:ty, [$($attr:tt)*] $name:ident) => {
+        $($attr)*
         ///
         /// # Safety
-        /// As the function it forwards to.
+        /// Pointer arguments are `NULL` or what this allocator handed out (live), and an
+        /// output pointer is valid for a write, as for the C function.
         #[no_mangle]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
-            // SAFETY: the caller's promise, as for the function it forwards to.
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: the caller's promise, as for the C function.
             #[allow(unused_unsafe)]
-            unsafe { $target($($arg),*) }
+            unsafe { $imp($($arg),*) }
         }
     };
 }
 
-libc_alias!(/// glibc's `__libc_malloc`: [`malloc`].
-    __libc_malloc => malloc(size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__libc_calloc`: [`calloc`].
-    __libc_calloc => calloc(n: usize, size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__libc_realloc`: [`realloc`].
-    __libc_realloc => realloc(p: *mut c_void, size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__libc_free`: [`free`].
-    __libc_free => free(p: *mut c_void));
-libc_alias!(/// glibc's `__libc_memalign`: [`memalign`].
-    __libc_memalign => memalign(align: usize, size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__libc_valloc`: [`valloc`].
-    __libc_valloc => valloc(size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__libc_pvalloc`: [`pvalloc`].
-    __libc_pvalloc => pvalloc(size: usize) -> *mut c_void);
-libc_alias!(/// glibc's `__posix_memalign`: [`posix_memalign`].
-    __posix_memalign => posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int);
+export!(c_malloc(size: usize) -> *mut c_void as
+    /// C `malloc`.
+    malloc,
+    /// glibc's `__libc_malloc`: `malloc`.
+    __libc_malloc);
+export!(c_calloc(n: usize, size: usize) -> *mut c_void as
+    /// C `calloc`: `NULL` and `ENOMEM` when `n * size` overflows; a zeronce block known to
+    /// be zero is not written.
+    calloc,
+    /// glibc's `__libc_calloc`: `calloc`.
+    __libc_calloc);
+export!(c_free(p: *mut c_void) -> () as
+    /// C `free`: `NULL` is ignored; a pointer in zeronce's range that is not a live block
+    /// (a double free) aborts with one line on stderr.
+    free,
+    /// `cfree`: `free` (old glibc programs).
+    cfree,
+    /// glibc's `__libc_free`: `free`.
+    __libc_free);
+export!(c_realloc(p: *mut c_void, size: usize) -> *mut c_void as
+    /// C `realloc`, with glibc's `realloc(p, 0)`: frees `p`, returns `NULL`.
+    realloc,
+    /// glibc's `__libc_realloc`: `realloc`.
+    __libc_realloc);
+export!(c_reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void as
+    /// C `reallocarray`: `realloc(p, n * size)`, `ENOMEM` when the product overflows.
+    reallocarray);
+export!(c_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int as
+    /// C `posix_memalign`: `EINVAL` for a bad alignment, `ENOMEM` when out of memory.
+    posix_memalign,
+    /// glibc's `__posix_memalign`: `posix_memalign`.
+    __posix_memalign);
+export!(c_aligned_alloc(align: usize, size: usize) -> *mut c_void as
+    /// C11 `aligned_alloc`: `EINVAL` unless `align` is a power of two.
+    aligned_alloc);
+export!(c_memalign(align: usize, size: usize) -> *mut c_void as
+    /// `memalign`: an alignment that is not a power of two is rounded up.
+    memalign,
+    /// glibc's `__libc_memalign`: `memalign`.
+    __libc_memalign);
+export!(c_valloc(size: usize) -> *mut c_void as
+    /// `valloc`: page aligned.
+    valloc,
+    /// glibc's `__libc_valloc`: `valloc`.
+    __libc_valloc);
+export!(c_pvalloc(size: usize) -> *mut c_void as
+    /// `pvalloc`: page aligned, whole pages.
+    pvalloc,
+    /// glibc's `__libc_pvalloc`: `pvalloc`.
+    __libc_pvalloc);
+export!(c_malloc_usable_size(p: *mut c_void) -> usize as
+    /// `malloc_usable_size`: bytes the caller may use (0 for `NULL`).
+    malloc_usable_size);
 
 extern "C" fn fork_prepare() {
     if let Some(rt) = runtime::current() {

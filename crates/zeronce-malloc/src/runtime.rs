@@ -89,7 +89,7 @@ impl Runtime {
                 Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
             let backend = backend.verify(config.verify);
-            match config.zeroer() {
+            match config.zeroer {
                 Some(z) => backend.zeroer(z),
                 None => backend,
             }

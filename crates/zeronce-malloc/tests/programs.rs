@@ -227,6 +227,31 @@ fn threads_that_exit_and_a_dlopened_library_with_thread_local_storage() {
 }
 
 #[test]
+fn the_library_itself_loaded_with_dlopen_serves_calls_through_dlsym() {
+    let dir = workdir("selfload");
+    let exe = compile(&dir, "selfload.c", &[]);
+    for scope in ["local", "global"] {
+        // Not preloaded: the program is glibc's, the library arrives while threads run.
+        let out = clean(Command::new(&exe))
+            .arg(lib())
+            .arg(scope)
+            .output()
+            .expect("run selfload");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{scope}: {:?}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout.trim(),
+            format!("loaded {scope}, 4 threads through dlsym: ok, own malloc: glibc")
+        );
+    }
+}
+
+#[test]
 fn one_large_allocation_costs_the_block_not_the_allocators_tables() {
     prints_the_same("rss.c", 1);
 }

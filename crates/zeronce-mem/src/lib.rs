@@ -42,4 +42,4 @@ pub use vm::{
     describe_region, discard_guest_range, populate_guest_range, GuestDiscardError, RegionInfo,
 };
 /// The zeroing kernels.
-pub use zeroing::{ZeroKernel, NON_TEMPORAL_THRESHOLD};
+pub use zeroing::{cache_resident_limit, ZeroKernel, NON_TEMPORAL_THRESHOLD};

@@ -194,10 +194,16 @@ impl RamRange {
     /// *into this range*) is zeroed last so it is cache-hot.
     pub fn zero(&mut self, hint: Option<usize>) -> ZeroKernel {
         let kernel = ZeroKernel::auto(self.len);
+        self.zero_with(kernel, hint);
+        kernel
+    }
+
+    /// As [`SharedRange::zero`] with `kernel` (an unavailable one falls back to
+    /// `write_bytes`).
+    pub fn zero_with(&mut self, kernel: ZeroKernel, hint: Option<usize>) {
         // SAFETY: the range is inside the live, writable mapping and exclusively ours
         // (`&mut self`), so no reference to it is alive during the call.
         unsafe { zero_range_hinted(self.ptr(), self.len, kernel, hint) };
-        kernel
     }
 
     /// Faults the pages in for writing, one byte every `stride` bytes (0 = 4 KiB), without

@@ -36,6 +36,47 @@ pub enum ZeroKernel {
 /// Zen 3–5) and about to be used, so cache-allocating stores are kept there.
 pub const NON_TEMPORAL_THRESHOLD: usize = 1 << 20;
 
+/// Half the last-level cache (`/sys/devices/system/cpu/cpu0/cache/index*/size` of the
+/// highest level), 8 MiB where it cannot be read: blocks up to this size are zeroed with
+/// cache-allocating stores when their caller is about to use them.
+pub fn cache_resident_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| last_level_cache_bytes().map_or(8 << 20, |b| b / 2))
+}
+
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, usize)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(entry.path().join(f)).ok();
+        let (Some(level), Some(size)) = (read("level"), read("size")) else {
+            continue;
+        };
+        let (Ok(level), Some(bytes)) = (level.trim().parse::<u32>(), parse_cache_size(&size))
+        else {
+            continue;
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, bytes));
+        }
+    }
+    best.map(|(_, bytes)| bytes)
+}
+
+/// sysfs cache sizes: `32768K`, `2048K`, `1M`.
+fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: usize = digits.parse().ok()?;
+    match unit {
+        "" => Some(n),
+        "K" => n.checked_mul(1 << 10),
+        "M" => n.checked_mul(1 << 20),
+        "G" => n.checked_mul(1 << 30),
+        _ => None,
+    }
+}
+
 impl ZeroKernel {
     /// Every kernel, available or not.
     pub const ALL: [ZeroKernel; 5] = [
@@ -101,9 +142,26 @@ impl ZeroKernel {
         }
     }
 
+    /// The kernel for a part of a block of `block_len` bytes that is zeroed for a caller
+    /// who uses it next (a zeroed allocation): cache-allocating when the whole block fits
+    /// in half the last-level cache ([`cache_resident_limit`]), so the caller's first
+    /// touches hit the cache; otherwise [`ZeroKernel::auto`] of the part. Background
+    /// zeroing, whose block nobody is about to use, keeps [`ZeroKernel::auto`].
+    ///
+    /// Measured on AMD EPYC (family 25, 32 MiB L3), calloc + read + write + free of a
+    /// cache-hot block, streams vs `rep stosb`: 2 MiB 0.15 vs 0.07 ms, 8 MiB 0.50 vs
+    /// 0.28 ms, parity at 16 MiB.
+    pub fn for_immediate_use(block_len: usize, part_len: usize) -> ZeroKernel {
+        if block_len <= cache_resident_limit() {
+            Self::cache_friendly()
+        } else {
+            Self::auto(part_len)
+        }
+    }
+
     /// The best cache-allocating kernel: `rep stosb` where ERMS makes it fast, else
     /// `write_bytes`.
-    pub(crate) fn cache_friendly() -> ZeroKernel {
+    pub fn cache_friendly() -> ZeroKernel {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("ermsb") {
             return ZeroKernel::RepStosb;

@@ -125,3 +125,24 @@ fn hinted_zeroing_covers_the_range_for_every_hint() {
         );
     }
 }
+
+#[test]
+fn sysfs_cache_sizes_parse() {
+    assert_eq!(super::parse_cache_size("32768K\n"), Some(32 << 20));
+    assert_eq!(super::parse_cache_size("1M"), Some(1 << 20));
+    assert_eq!(super::parse_cache_size("512"), Some(512));
+    assert_eq!(super::parse_cache_size("12Q"), None);
+    assert_eq!(super::parse_cache_size(""), None);
+}
+
+#[test]
+fn a_block_about_to_be_used_is_zeroed_through_the_cache_when_it_fits() {
+    let limit = super::cache_resident_limit();
+    assert!(limit >= 1 << 20, "half the last-level cache: {limit}");
+    let cached = ZeroKernel::for_immediate_use(limit, limit);
+    assert!(!cached.is_non_temporal(), "{cached}");
+    assert_eq!(
+        ZeroKernel::for_immediate_use(limit * 4, 2 << 20),
+        ZeroKernel::auto(2 << 20)
+    );
+}

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use zeronce_mem::SharedRam;
+use zeronce_mem::{SharedRam, ZeroKernel};
 use zeronce_mm::{PageRange, Pfn, Zeroer, PAGE_SIZE};
 
 use super::zeromap::{Site, ZeroMap};
@@ -34,8 +34,9 @@ impl RamZeroer {
         ((range.start.0 * PAGE_SIZE) as usize, range.bytes() as usize)
     }
 
-    /// Zeroes `range` (which nobody else holds), the page `hint_last` last.
-    fn zero_range(&self, range: PageRange, hint_last: Option<Pfn>) {
+    /// Zeroes `range` (which nobody else holds), part of a block of `block_bytes` about to
+    /// be handed out, the page `hint_last` last.
+    fn zero_range(&self, range: PageRange, block_bytes: u64, hint_last: Option<Pfn>) {
         let (offset, len) = Self::bytes(range);
         // The manager zeroes a block it is about to hand out: nobody else can hold it.
         let mut r = self
@@ -45,7 +46,8 @@ impl RamZeroer {
         let hint = hint_last
             .filter(|h| range.contains(*h))
             .map(|h| ((h.0 - range.start.0) * PAGE_SIZE) as usize);
-        r.zero(hint);
+        let kernel = ZeroKernel::for_immediate_use(block_bytes as usize, len);
+        r.zero_with(kernel, hint);
     }
 }
 
@@ -59,7 +61,7 @@ fn intersect(a: PageRange, b: PageRange) -> PageRange {
 impl Zeroer for RamZeroer {
     fn zero(&self, range: PageRange, hint_last: Option<Pfn>) -> u64 {
         let Some(map) = &self.map else {
-            self.zero_range(range, hint_last);
+            self.zero_range(range, range.bytes(), hint_last);
             return range.bytes();
         };
         let mut written = 0;
@@ -84,7 +86,7 @@ impl Zeroer for RamZeroer {
             // Only the pages written since they were last zeroed.
             let mut zeroed = 0;
             map.for_each_written_run(part, |run| {
-                self.zero_range(run, hint_last);
+                self.zero_range(run, range.bytes(), hint_last);
                 zeroed += run.bytes();
             });
             map.zeroed(part);

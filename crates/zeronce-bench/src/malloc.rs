@@ -14,6 +14,9 @@ use serde_json::{json, Map, Value};
 
 use crate::common::{at_least_one, BenchResult, Common};
 use crate::contest::{self, cold_sample, Results};
+use crate::plot::{self, Legend, RatioRow};
+
+mod targets;
 
 /// Options of `zeronce bench malloc`.
 #[derive(Args, Clone, Debug)]
@@ -29,6 +32,10 @@ pub struct MallocArgs {
     /// leaves it].
     #[arg(long)]
     pub lib: Option<PathBuf>,
+    /// Also draw zeronce's ratio to the best peer per step, beside its target, into this
+    /// SVG file.
+    #[arg(long, value_name = "FILE.svg", value_parser = crate::plot::writable_path)]
+    pub plot: Option<PathBuf>,
 }
 
 /// The shared libraries of the peers (Debian's paths).
@@ -166,6 +173,18 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
         .collect();
     v.push(step("idle_768mib", &["idle", "768"], "rss_5s_mib", false));
     v.push(step("small_2x2", &["small", "2", &ops], "wall_ms", false));
+    // Cache-hot buffers at and above the default threshold, reused at once: what the
+    // default threshold is chosen on (below it zeronce is mimalloc).
+    let hot_rounds = a.common.pick(None, 100, 400);
+    for (mib, name) in [(2, "hot_2mib"), (8, "hot_8mib"), (32, "hot_32mib")] {
+        let rounds = (hot_rounds * 2 / mib).max(10).to_string();
+        v.push(step(
+            name,
+            &["hot", &mib.to_string(), &rounds],
+            "cpu_ms",
+            false,
+        ));
+    }
     if sqlite {
         v.push(step("sqlite_200k", &[], "wall_ms", false));
     }
@@ -207,15 +226,17 @@ fn preloaded(cmd: &mut Command, lib: Option<&Path>) {
 }
 
 /// Per step and contender: the [`contest::summary`]; per step: zeronce's figure over the
-/// best peer's (warm medians where samples are judged).
-fn summarise(results: &Results, steps: &[Step]) -> (Value, Value) {
-    let (mut out, mut ratios) = (Map::new(), Map::new());
+/// best peer's and over the best peer that gives memory back (warm medians where samples
+/// are judged); the peers that keep freed memory resident.
+fn summarise(results: &Results, steps: &[Step]) -> (Value, Value, Vec<String>) {
+    let mut out = Map::new();
+    let mut figures: Vec<(&str, targets::Figures)> = Vec::new();
     for step in steps {
         let Some(per) = results.get(&step.name) else {
             continue;
         };
         let mut m = Map::new();
-        let mut figures = Vec::new();
+        let mut mine: targets::Figures = Vec::new();
         for (contender, samples) in per {
             let warm = |s: &Value| !step.judged || cold_sample(s) != Some(true);
             let mut fields = contest::summary(samples, step.figure, warm, &["minor_faults"]);
@@ -225,30 +246,54 @@ fn summarise(results: &Results, steps: &[Step]) -> (Value, Value) {
                 "not judged"
             };
             fields.insert("cold_by".into(), json!(by));
-            figures.push((
+            mine.push((
                 *contender,
                 fields[&format!("{}_warm_median", step.figure)].as_f64(),
             ));
             m.insert((*contender).into(), Value::Object(fields));
         }
         out.insert(step.name.clone(), Value::Object(m));
-        ratios.insert(step.name.clone(), zeronce_over_best(&figures));
+        figures.push((step.name.as_str(), mine));
     }
-    (Value::Object(out), Value::Object(ratios))
+    let keepers = figures
+        .iter()
+        .find(|(name, _)| *name == "idle_768mib")
+        .map(|(_, f)| targets::keepers(f))
+        .unwrap_or_default();
+    let ratios: Map<String, Value> = figures
+        .iter()
+        .map(|(name, f)| (name.to_string(), targets::over_best(f, &keepers)))
+        .collect();
+    (Value::Object(out), Value::Object(ratios), keepers)
 }
 
-/// zeronce's figure over the lowest of the other contenders'.
-fn zeronce_over_best(figures: &[(&str, Option<f64>)]) -> Value {
-    let z = figures.iter().find(|f| f.0 == "zeronce").and_then(|f| f.1);
-    let best = figures
+/// zeronce's ratio per target beside the target, as an SVG chart.
+fn draw(path: &Path, judged: &[Value]) -> BenchResult {
+    let rows: Vec<RatioRow> = judged
         .iter()
-        .filter(|f| f.0 != "zeronce")
-        .filter_map(|f| f.1.map(|v| (f.0, v)))
-        .min_by(|a, b| a.1.total_cmp(&b.1));
-    json!({
-        "ratio_zeronce_over_best_peer": contest::ratio(z, best.map(|b| b.1)),
-        "best_peer": best.map(|b| b.0),
-    })
+        .map(|j| {
+            let (value, limit) = (j["value"].as_f64(), j["limit"].as_f64());
+            // The idle step is in MiB: drawn as a fraction of its allowance.
+            let scale = if j["unit"] == "MiB" { limit } else { None };
+            let per = |v: Option<f64>| v.map(|v| scale.map_or(v, |s| v / s));
+            RatioRow {
+                label: j["step"].as_str().unwrap_or("?").to_string(),
+                ours: per(value),
+                reference: per(limit),
+                reference_text: "none".into(),
+            }
+        })
+        .collect();
+    let legend = Legend {
+        ours: "zeronce / best peer (idle: / allowance)",
+        reference: "target",
+    };
+    plot::ratio_bars(
+        path,
+        "zeronce bench malloc: ratios (lower is better)",
+        &legend,
+        &rows,
+    )
 }
 
 /// Runs the benchmark.
@@ -278,7 +323,11 @@ pub fn run(a: &MallocArgs) -> BenchResult {
         contest::sample(cmd).map(Some)
     });
     let _ = std::fs::remove_dir_all(&dir);
-    let (summary, ratios) = summarise(&results?, &steps);
+    let (summary, ratios, keepers) = summarise(&results?, &steps);
+    let judged = targets::judge(&ratios);
+    if let Some(path) = &a.plot {
+        draw(path, &judged)?;
+    }
     let underneath: Map<String, Value> = contenders
         .iter()
         .map(|c| (c.name.to_string(), json!(c.underneath)))
@@ -289,6 +338,7 @@ pub fn run(a: &MallocArgs) -> BenchResult {
         "cpu": cpu["model"], "cpu_family": cpu["family"],
         "order": "rotated by one each round (round r starts with contender r mod n)",
         "skipped": skipped, "underneath": underneath,
+        "keep_freed_memory": keepers, "targets": judged,
         "ratios": ratios, "steps": summary,
     });
     if a.common.json {
@@ -303,13 +353,35 @@ pub fn run(a: &MallocArgs) -> BenchResult {
     }
     let figures: Vec<(&str, &str)> = steps.iter().map(|s| (s.name.as_str(), s.figure)).collect();
     contest::print_table(&report["steps"], &figures);
+    let f2 = |v: &Value| v.as_f64().map_or("-".into(), |v| format!("{v:.2}"));
     for (step, r) in ratios.as_object().into_iter().flatten() {
         crate::println!(
-            "{step:<14} zeronce / best peer ({}) = {}",
+            "{step:<14} zeronce / best peer ({}) = {}; / best returning peer ({}) = {}",
             r["best_peer"].as_str().unwrap_or("-"),
-            r["ratio_zeronce_over_best_peer"]
-                .as_f64()
-                .map_or("-".into(), |v| format!("{v:.2}"))
+            f2(&r["ratio_zeronce_over_best_peer"]),
+            r["best_returning_peer"].as_str().unwrap_or("-"),
+            f2(&r["ratio_zeronce_over_best_returning_peer"]),
+        );
+    }
+    crate::println!(
+        "keep more than {} MiB resident 5 s after freeing 768 MiB: {}",
+        targets::IDLE_ALLOWANCE_MIB,
+        if keepers.is_empty() {
+            "none".into()
+        } else {
+            keepers.join(", ")
+        }
+    );
+    for j in &judged {
+        let met = match j["met"].as_bool() {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "not measured",
+        };
+        crate::println!(
+            "target {met:<12} {} = {}",
+            j["target"].as_str().unwrap_or("?"),
+            f2(&j["value"])
         );
     }
     Ok(())
@@ -320,19 +392,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ratio_is_over_the_best_other_contender() {
-        let r = zeronce_over_best(&[
-            ("glibc", Some(200.0)),
-            ("jemalloc", Some(100.0)),
-            ("zeronce", Some(50.0)),
-        ]);
-        assert_eq!(r["ratio_zeronce_over_best_peer"], json!(0.5));
-        assert_eq!(r["best_peer"], json!("jemalloc"));
-        let r = zeronce_over_best(&[("glibc", Some(200.0))]);
-        assert_eq!(r["ratio_zeronce_over_best_peer"], Value::Null);
-    }
-
-    #[test]
     fn a_missing_library_is_skipped_with_how_to_install_it() {
         let a = MallocArgs {
             common: Common {
@@ -341,6 +400,7 @@ mod tests {
             },
             samples: None,
             lib: Some("/nonexistent/libzeronce.so".into()),
+            plot: None,
         };
         let (kept, skipped) = contenders(&a);
         assert!(kept.iter().any(|c| c.name == "glibc"));
@@ -364,6 +424,7 @@ mod tests {
             },
             samples: None,
             lib: None,
+            plot: None,
         };
         let s = steps(&a, true);
         let judged: Vec<&str> = s

@@ -113,29 +113,39 @@ fn draw(
     Ok(())
 }
 
-/// One bar pair: a figure, our ratio and the published one (either may be missing).
+/// One bar pair: a figure, our ratio and a reference (published, or a target); either
+/// may be missing.
 pub struct RatioRow {
     /// What the ratio is.
     pub label: String,
     /// Ours, measured in this run (`None`: skipped).
     pub ours: Option<f64>,
-    /// The published figure, when there is a number.
-    pub published: Option<f64>,
-    /// What was published instead of a number ("16 s → negligible").
-    pub published_text: String,
+    /// The reference figure, when there is a number.
+    pub reference: Option<f64>,
+    /// What stands instead of a missing reference ("16 s → negligible").
+    pub reference_text: String,
 }
 
-/// Draws `rows` as horizontal bar pairs (ours, published) into the SVG file `path`, with
-/// the value at the end of every bar and "skipped" / "not published" where one is missing.
+/// The names of a [`ratio_bars`] chart's two bars.
+pub struct Legend {
+    /// Our bar's name ("ours (this run)").
+    pub ours: &'static str,
+    /// The reference bar's name ("published").
+    pub reference: &'static str,
+}
+
+/// Draws `rows` as horizontal bar pairs (ours, the reference) into the SVG file `path`,
+/// with the value at the end of every bar and what stands instead where one is missing.
 pub fn ratio_bars(
     path: &Path,
     title: &str,
+    legend: &Legend,
     rows: &[RatioRow],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let n = rows.len().max(1) as f64;
     let x_end = rows
         .iter()
-        .flat_map(|r| [r.ours, r.published])
+        .flat_map(|r| [r.ours, r.reference])
         .flatten()
         .filter(|x| x.is_finite())
         .fold(1.0f64, f64::max)
@@ -158,10 +168,11 @@ pub fn ratio_bars(
     let bar = |color: RGBColor| color.mix(0.8).filled();
     for (i, r) in rows.iter().enumerate() {
         let top = n - i as f64;
-        let published = format!("published: {}", r.published_text);
+        let ours_missing = format!("{}: skipped", legend.ours);
+        let reference = format!("{}: {}", legend.reference, r.reference_text);
         for (k, (value, color, missing)) in [
-            (r.ours, BLUE, "ours: skipped"),
-            (r.published, RED, published.as_str()),
+            (r.ours, BLUE, ours_missing.as_str()),
+            (r.reference, RED, reference.as_str()),
         ]
         .into_iter()
         .enumerate()
@@ -196,7 +207,7 @@ pub fn ratio_bars(
         vec![(1.0, 0.0), (1.0, n)],
         BLACK.mix(0.4),
     )))?;
-    for (k, (name, color)) in [("ours (this run)", BLUE), ("published", RED)]
+    for (k, (name, color)) in [(legend.ours, BLUE), (legend.reference, RED)]
         .into_iter()
         .enumerate()
     {

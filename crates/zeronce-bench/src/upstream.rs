@@ -518,13 +518,17 @@ pub fn run(args: &UpstreamArgs) -> BenchResult {
             .map(|r| RatioRow {
                 label: r.figure.to_string(),
                 ours: r.ours.as_ref().ok().copied(),
-                published: r.published,
-                published_text: r.published_text.to_string(),
+                reference: r.published,
+                reference_text: r.published_text.to_string(),
             })
             .collect();
         plot::ratio_bars(
             path,
             "zeronce vs the upstream series (ratios, this run)",
+            &plot::Legend {
+                ours: "ours (this run)",
+                reference: "published",
+            },
             &rows,
         )?;
     }

@@ -7,6 +7,8 @@
  *                                       time and the thread's own minor faults)
  *   malloc_work idle MIB                free MIB in 64 MiB blocks; RSS 1 s and 5 s later
  *   malloc_work small THREADS OPS       producer/consumer pairs of small objects (wall)
+ *   malloc_work hot MIB ROUNDS          calloc MIB, read every line, write it all, free, at
+ *                                       once again (a cache-hot buffer reused: thread CPU)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -180,11 +182,34 @@ static int small(long pairs, long ops) {
     return 0;
 }
 
+static int hot(long mib, long rounds) {
+    size_t n = (size_t)mib << 20;
+    long sum = 0;
+    double c0 = ms_of(CLOCK_THREAD_CPUTIME_ID);
+    for (long r = 0; r < rounds; r++) {
+        volatile char *p = must(calloc(1, n));
+        for (size_t i = 0; i < n; i += 64) sum += p[i];
+        memset((char *)p, (int)r, n);
+        free((char *)p);
+    }
+    double cpu = ms_of(CLOCK_THREAD_CPUTIME_ID) - c0;
+    if (sum != 0) {
+        fprintf(stderr, "calloc returned non-zero memory\n");
+        return 1;
+    }
+    printf("{\"workload\":\"hot\",\"mib\":%ld,\"rounds\":%ld,\"cpu_ms\":%.3f,"
+           "\"cpu_ms_per_round\":%.4f}\n",
+           mib, rounds, cpu, cpu / rounds);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     long a = argc > 2 ? atol(argv[2]) : 0, b = argc > 3 ? atol(argv[3]) : 0;
     if (argc > 3 && !strcmp(argv[1], "reuse")) return reuse(a, b);
     if (argc > 2 && !strcmp(argv[1], "idle")) return idle(a);
     if (argc > 3 && !strcmp(argv[1], "small")) return small(a, b);
-    fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS\n");
+    if (argc > 3 && !strcmp(argv[1], "hot")) return hot(a, b);
+    fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS"
+                    " | hot MIB ROUNDS\n");
     return 2;
 }

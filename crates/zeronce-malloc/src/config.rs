@@ -103,10 +103,7 @@ impl Config {
         let delay = ms.map_or(d.delay, Duration::from_millis);
         let policy = match host.as_deref() {
             None | Some("zero-then-report") => Some(Host::ZeroThenReport),
-            Some("immediate") => Some(Host::Discard(DiscardPolicy::Immediate)),
-            Some("hold") => Some(Host::Discard(DiscardPolicy::Hold(delay))),
-            Some("lazy") => Some(Host::Discard(DiscardPolicy::Lazy)),
-            Some(_) => None,
+            Some(name) => DiscardPolicy::from_name(name, delay).map(Host::Discard),
         };
         check("ZERONCE_HOST", host_what, host, policy.is_some());
         let threads = zeroer

@@ -36,6 +36,7 @@ mod metrics;
 mod path;
 mod relay;
 mod server;
+mod timer;
 mod totals;
 mod wire;
 

@@ -41,7 +41,11 @@ mod totals;
 mod wire;
 
 #[cfg(test)]
+mod backing_tests;
+#[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod hugetlb_tests;
 #[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]

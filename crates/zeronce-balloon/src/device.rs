@@ -205,6 +205,12 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         &self.discarder
     }
 
+    /// The discarder, to change (e.g. [`crate::MmapDiscarder::learn`] at a new memory
+    /// table).
+    pub fn discarder_mut(&mut self) -> &mut D {
+        &mut self.discarder
+    }
+
     /// The interrupt line (e.g. to wake a driver waiting on a device thread that failed).
     pub fn interrupt(&self) -> &I {
         &self.interrupt

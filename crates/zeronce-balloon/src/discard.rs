@@ -86,6 +86,30 @@ pub enum DiscardPolicy {
 }
 
 impl DiscardPolicy {
+    /// The names of the policies, as every front door spells them (`zeronce serve
+    /// --host`, `ZERONCE_HOST`): [`DiscardPolicy::from_name`] reads them.
+    pub const NAMES: [&'static str; 3] = ["immediate", "hold", "lazy"];
+
+    /// The policy called `name` (one of [`DiscardPolicy::NAMES`]), `hold` being the delay
+    /// of `"hold"`; `None` for any other name.
+    pub fn from_name(name: &str, hold: Duration) -> Option<DiscardPolicy> {
+        match name {
+            "immediate" => Some(DiscardPolicy::Immediate),
+            "hold" => Some(DiscardPolicy::Hold(hold)),
+            "lazy" => Some(DiscardPolicy::Lazy),
+            _ => None,
+        }
+    }
+
+    /// The name [`DiscardPolicy::from_name`] reads (the delay of `Hold` left out).
+    pub fn name(self) -> &'static str {
+        match self {
+            DiscardPolicy::Immediate => "immediate",
+            DiscardPolicy::Hold(_) => "hold",
+            DiscardPolicy::Lazy => "lazy",
+        }
+    }
+
     /// The op this policy uses on `backing`: `Ok` with the policy's own op, or, where that
     /// does not work on `backing` (only [`DiscardPolicy::Lazy`]: `MADV_FREE` is for
     /// private anonymous memory), `Err` with the fallback, the backing's best op, still
@@ -153,6 +177,33 @@ impl MmapDiscarder {
             hugetlb_page_size: Some(page_size),
             cache: HashMap::new(),
         }
+    }
+}
+
+/// One region of guest memory as [`MmapDiscarder::learn`] found it.
+#[derive(Debug)]
+pub struct RegionBacking {
+    /// Guest physical start.
+    pub start: GuestAddress,
+    /// Length in bytes.
+    pub len: u64,
+    /// Its backing, or why none can be used (its requests are then refused, counted).
+    pub backing: Result<Backing, DiscardError>,
+}
+
+impl MmapDiscarder {
+    /// Learns the backing of every region of `mem` at once (a VMM's new memory table:
+    /// vhost-user `SET_MEM_TABLE`, `ADD_MEM_REG`), forgetting the regions that are gone,
+    /// so that each request finds its region's backing known; what it found, per region.
+    pub fn learn<B: Bitmap>(&mut self, mem: &GuestMemoryMmap<B>) -> Vec<RegionBacking> {
+        self.cache.clear();
+        mem.iter()
+            .map(|r| RegionBacking {
+                start: r.start_addr(),
+                len: r.len(),
+                backing: self.backing(mem, r.start_addr()),
+            })
+            .collect()
     }
 }
 
@@ -291,6 +342,21 @@ mod tests {
             let held = DiscardPolicy::Hold(Duration::from_secs(1));
             assert!(held.promises_zero(b));
         }
+    }
+
+    #[test]
+    fn names_read_back() {
+        let d = Duration::from_millis(250);
+        for name in DiscardPolicy::NAMES {
+            let p = DiscardPolicy::from_name(name, d).unwrap();
+            assert_eq!(p.name(), name);
+        }
+        assert_eq!(
+            DiscardPolicy::from_name("hold", d),
+            Some(DiscardPolicy::Hold(d))
+        );
+        assert_eq!(DiscardPolicy::from_name("Hold", d), None);
+        assert_eq!(DiscardPolicy::from_name("zero-then-report", d), None);
     }
 
     #[test]

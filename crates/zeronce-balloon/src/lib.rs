@@ -66,7 +66,7 @@ pub use device::{
     BalloonDevice, BalloonOptions, HintState, HintStatus, InterruptSignal, QueueReport,
 };
 /// How and with what the device discards guest memory.
-pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder};
+pub use discard::{DiscardError, DiscardPolicy, Discarder, MmapDiscarder, RegionBacking};
 /// Errors: what went wrong, and which kind of malformed guest request it was.
 pub use error::{BalloonError, MalformedKind, NotReadyReason, QueueError};
 /// Feature bits, their negotiation and the queue layout they imply.

@@ -90,10 +90,7 @@ impl Config {
             "zero-then-report, immediate, hold or lazy",
             |v| match v {
                 "zero-then-report" => Some(Host::ZeroThenReport),
-                "immediate" => Some(Host::Discard(DiscardPolicy::Immediate)),
-                "hold" => Some(Host::Discard(DiscardPolicy::Hold(delay))),
-                "lazy" => Some(Host::Discard(DiscardPolicy::Lazy)),
-                _ => None,
+                name => DiscardPolicy::from_name(name, delay).map(Host::Discard),
             },
         );
         let threads = env.read("ZERONCE_ZEROER", "a number of threads (0-64)", |v| {

@@ -8,9 +8,17 @@
 //! `GET_VRING_BASE` gets the device's `next_avail` back ([`VhostUserBackend::stop_vring`]).
 //! Used-buffer interrupts go through the framework's call descriptors; configuration
 //! changes go as `CONFIG_CHANGE_MSG` on the back-end request channel the relay kept.
+//!
+//! Each memory table (`SET_MEM_TABLE`, `ADD_MEM_REG`) has every region's backing learnt
+//! at once ([`MmapDiscarder::learn`]: `fstatfs` of the region's file tells shmem/memfd
+//! from hugetlbfs and its page size), logged and shown in the status. Requests held by
+//! `--host hold` complete from the vring thread's [`HoldTimer`], and at once when the
+//! front-end stops the rings (`GET_VRING_BASE`), so that no buffer is lost across a stop.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -20,11 +28,15 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use zeronce_balloon::{
-    BalloonDevice, BalloonError, BalloonOptions, FeatureSet, InterruptSignal, MmapDiscarder,
+    BalloonDevice, BalloonError, BalloonOptions, DiscardPolicy, FeatureSet, InterruptSignal,
+    MmapDiscarder, RegionBacking,
 };
+use zeronce_types::clock::deadline_after;
+use zeronce_types::rate::log_this;
 use zeronce_types::sync::lock;
 
 use crate::relay::BackendChannelSlot;
+use crate::timer::HoldTimer;
 use crate::wire;
 
 /// Guest memory as `vhost-user-backend` hands it over.
@@ -91,16 +103,22 @@ impl ExitEvent {
         num_queues + 1
     }
 
-    /// Registers a fresh exit event with every vring thread of `daemon`.
+    /// Registers a fresh exit event with every vring thread of `daemon`, and the
+    /// back-end's hold timer with the first (the one thread that serves every queue).
     pub(crate) fn register(
         daemon: &vhost_user_backend::VhostUserDaemon<BalloonBackend>,
         backend: &BalloonBackend,
     ) -> io::Result<ExitEvent> {
         use std::os::fd::AsRawFd;
         let fd = EventFd::new(EFD_NONBLOCK)?;
-        let id = ExitEvent::id(backend.inner.num_queues) as u64;
-        for h in daemon.get_epoll_handlers() {
-            h.register_listener(fd.as_raw_fd(), EventSet::IN, id)?;
+        let n = backend.inner.num_queues;
+        let handlers = daemon.get_epoll_handlers();
+        for h in &handlers {
+            h.register_listener(fd.as_raw_fd(), EventSet::IN, ExitEvent::id(n) as u64)?;
+        }
+        if let Some(h) = handlers.first() {
+            let timer = backend.inner.timer.as_raw_fd();
+            h.register_listener(timer, EventSet::IN, timer_id(n) as u64)?;
         }
         Ok(ExitEvent { fd })
     }
@@ -113,17 +131,29 @@ impl ExitEvent {
     }
 }
 
+/// The epoll data of the hold timer: past the exit event.
+fn timer_id(num_queues: usize) -> usize {
+    ExitEvent::id(num_queues) + 1
+}
+
 type Device = BalloonDevice<MmapDiscarder, Arc<Irq>>;
 
 struct State {
     dev: Device,
     mem: Option<Memory>,
+    /// The regions of the latest memory table, with their backings.
+    regions: Vec<RegionBacking>,
 }
 
 struct Inner {
     state: Mutex<State>,
     irq: Arc<Irq>,
     num_queues: usize,
+    policy: DiscardPolicy,
+    /// Completes held requests on time (armed at the device's next deadline).
+    timer: HoldTimer,
+    /// Memory tables received (their backings are logged rate-limited).
+    tables: AtomicU64,
 }
 
 /// The balloon device as a vhost-user back-end (cheap to clone: one shared device).
@@ -143,6 +173,12 @@ impl DeviceGuard<'_> {
         &mut self.state.dev
     }
 
+    /// The regions of the front-end's latest memory table, with the backing learnt for
+    /// each.
+    pub fn regions(&self) -> &[RegionBacking] {
+        &self.state.regions
+    }
+
     /// Returns the held statistics buffer so that the guest sends fresh statistics.
     pub fn request_stats(&mut self) -> Result<bool, BalloonError> {
         let Some(mem) = self.state.mem.as_ref().map(GuestAddressSpace::memory) else {
@@ -155,7 +191,11 @@ impl DeviceGuard<'_> {
 impl BalloonBackend {
     /// A back-end serving a fresh device with `options`, its target set to `num_pages`,
     /// sending configuration changes on the channel the relay stores in `channel`.
-    pub fn new(options: BalloonOptions, num_pages: u32, channel: BackendChannelSlot) -> Self {
+    pub fn new(
+        options: BalloonOptions,
+        num_pages: u32,
+        channel: BackendChannelSlot,
+    ) -> io::Result<Self> {
         let irq = Arc::new(Irq {
             vrings: Mutex::new(Vec::new()),
             channel,
@@ -166,13 +206,53 @@ impl BalloonBackend {
         let num_queues = dev.max_queues();
         let backend = BalloonBackend {
             inner: Arc::new(Inner {
-                state: Mutex::new(State { dev, mem: None }),
+                state: Mutex::new(State {
+                    dev,
+                    mem: None,
+                    regions: Vec::new(),
+                }),
                 irq,
                 num_queues,
+                policy: options.policy,
+                timer: HoldTimer::new()?,
+                tables: AtomicU64::new(0),
             }),
         };
         backend.set_initial_target(num_pages);
-        backend
+        Ok(backend)
+    }
+
+    /// Arms the hold timer at the device's earliest deadline (disarms it when nothing
+    /// is held).
+    fn rearm(&self, dev: &Device) {
+        if let Err(e) = self.inner.timer.arm(dev.next_deadline(), Instant::now()) {
+            tracing::error!(error = %e, "cannot arm the hold timer: held requests wait");
+        }
+    }
+
+    /// Logs what each region of a new memory table is and how it is discarded
+    /// (rate-limited: a front-end decides how many tables it sends).
+    fn log_regions(&self, regions: &[RegionBacking]) {
+        let n = self.inner.tables.fetch_add(1, Ordering::Relaxed) + 1;
+        if !log_this(n) {
+            return;
+        }
+        let policy = self.inner.policy;
+        for r in regions {
+            match &r.backing {
+                Ok(b) => {
+                    let op = policy.op_for(*b).unwrap_or_else(|fallback| fallback);
+                    tracing::info!(
+                        gpa = r.start.0, len = r.len, backing = %b, %op,
+                        zero = policy.promises_zero(*b), tables = n, "guest memory region"
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    gpa = r.start.0, len = r.len, error = %e, tables = n,
+                    "guest memory region cannot be discarded: its reports are refused"
+                ),
+            }
+        }
     }
 
     fn set_initial_target(&self, num_pages: u32) {
@@ -265,7 +345,9 @@ impl VhostUserBackend for BalloonBackend {
     }
 
     fn reset_device(&self) {
-        self.lock().state.dev.reset();
+        let mut g = self.lock();
+        g.state.dev.reset();
+        self.rearm(&g.state.dev);
     }
 
     fn set_event_idx(&self, _enabled: bool) {
@@ -294,7 +376,11 @@ impl VhostUserBackend for BalloonBackend {
     }
 
     fn update_memory(&self, mem: Memory) -> io::Result<()> {
-        self.lock().state.mem = Some(mem);
+        let mut g = self.lock();
+        let regions = g.state.dev.discarder_mut().learn(&mem.memory());
+        self.log_regions(&regions);
+        g.state.regions = regions;
+        g.state.mem = Some(mem);
         Ok(())
     }
 
@@ -318,9 +404,15 @@ impl VhostUserBackend for BalloonBackend {
         // held statistics buffer is given back first (the guest refills the queue, served
         // after the restart); the next notification after the rings are set up again
         // reactivates the device with the features and config it had.
+        // Held requests complete now (discarded, then used): a stop would drop them, and
+        // the guest, whose ring position is past them, would never get them back.
         if let Some(mem) = st.mem.as_ref().map(GuestAddressSpace::memory) {
             if let Err(e) = st.dev.request_stats(&*mem) {
                 tracing::debug!(error = %e, "stats buffer not returned at stop");
+            }
+            let all = deadline_after(Instant::now(), Duration::MAX);
+            if let Err(e) = st.dev.tick(&*mem, all) {
+                tracing::debug!(error = %e, "held requests not all used at stop");
             }
         }
         let vrings = lock(&self.inner.irq.vrings);
@@ -334,6 +426,7 @@ impl VhostUserBackend for BalloonBackend {
         drop(vrings);
         tracing::debug!(queue_index, "rings stopped");
         st.dev.stop();
+        self.rearm(&st.dev);
         Ok(())
     }
 
@@ -348,8 +441,13 @@ impl VhostUserBackend for BalloonBackend {
             // Ends the vring thread's loop (its error is the framework's way out).
             return Err(io::Error::other("the session ended"));
         }
-        if usize::from(device_event) >= self.inner.num_queues {
+        let timer = usize::from(device_event) == timer_id(self.inner.num_queues);
+        if usize::from(device_event) >= self.inner.num_queues && !timer {
             return Ok(());
+        }
+        if timer {
+            // Read first: an expiry left unread would wake the thread again at once.
+            self.inner.timer.acknowledge();
         }
         let mut g = self.lock();
         let st = &mut *g.state;
@@ -357,6 +455,13 @@ impl VhostUserBackend for BalloonBackend {
             tracing::warn!("notification before SET_MEM_TABLE");
             return Ok(());
         };
+        if timer {
+            if let Err(e) = st.dev.tick(&*mem, Instant::now()) {
+                tracing::debug!(error = %e, "held requests not all used");
+            }
+            self.rearm(&st.dev);
+            return Ok(());
+        }
         let queues = if st.dev.is_active() {
             device_event..device_event + 1
         } else {
@@ -384,6 +489,7 @@ impl VhostUserBackend for BalloonBackend {
                 }
             }
         }
+        self.rearm(&st.dev);
         Ok(())
     }
 }

@@ -4,9 +4,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use std::time::Duration;
+
+use clap::builder::PossibleValuesParser;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use zeronce_balloon::{BalloonOptions, FeatureOffer};
+use zeronce_balloon::{BalloonOptions, DiscardPolicy, FeatureOffer};
 use zeronce_daemon::endpoint::{parse_metrics_addr, MetricsAddr};
 use zeronce_daemon::AccessArgs;
 use zeronce_types::size::parse_size;
@@ -48,6 +51,17 @@ pub struct ServeArgs {
     /// inflating or, with --free-page-hint, in hint runs.
     #[arg(long)]
     pub no_page_reporting: bool,
+    /// What the host does with the memory the guest reports or inflates (the names
+    /// process mode's `ZERONCE_HOST` uses): `immediate` discards it at once; `hold`
+    /// keeps it resident for `--hold-ms` and holds the guest's buffer until it is
+    /// discarded; `lazy` asks for `MADV_FREE`, which shared guest RAM cannot take: it is
+    /// discarded at once, without a zero promise (README, "Host policies").
+    #[arg(long, default_value = "immediate", value_parser = PossibleValuesParser::new(DiscardPolicy::NAMES))]
+    pub host: String,
+    /// With `--host hold`: milliseconds a reported or inflated range stays resident, and
+    /// its buffer with the device, before it is discarded and the buffer used.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub hold_ms: u64,
     /// Who may connect to both sockets.
     #[command(flatten)]
     pub access: AccessArgs,
@@ -108,39 +122,63 @@ pub fn pages(bytes: u64) -> Result<u32, String> {
     u32::try_from(bytes / 4096).map_err(|_| format!("{bytes} bytes: at most 2^32 - 1 pages"))
 }
 
+impl ServeArgs {
+    /// The control socket: `--control`, or SOCKET.ctl.
+    pub fn control_path(&self) -> PathBuf {
+        self.control.clone().unwrap_or_else(|| {
+            let mut p = self.socket.clone().into_os_string();
+            p.push(".ctl");
+            PathBuf::from(p)
+        })
+    }
+
+    /// The host policy of `--host` and `--hold-ms`.
+    pub fn policy(&self) -> Result<DiscardPolicy, String> {
+        DiscardPolicy::from_name(&self.host, Duration::from_millis(self.hold_ms)).ok_or_else(|| {
+            format!(
+                "--host {}: one of {}",
+                self.host,
+                DiscardPolicy::NAMES.join(", ")
+            )
+        })
+    }
+
+    /// What the daemon serves with these options.
+    pub fn config(&self) -> Result<ServeConfig, String> {
+        // PAGE_POISON is offered: a guest that poisons or initialises freed pages
+        // (`init_on_free=1`) negotiates reporting only with it (Linux `virtballoon_validate`).
+        // A guest that does neither drops it, and Linux `virtio_uml` then sends SET_FEATURES
+        // again, without the vhost-user protocol bit; it then also sends no SET_VRING_ENABLE
+        // (rings start enabled, as the vhost-user specification says for that case).
+        let mut offer = FeatureOffer {
+            deflate_on_oom: self.deflate_on_oom,
+            free_page_hint: self.free_page_hint,
+            page_reporting: !self.no_page_reporting,
+            ..FeatureOffer::default()
+        };
+        if self.zero_hints {
+            offer = offer.with_zero_hints();
+        }
+        Ok(ServeConfig {
+            socket: self.socket.clone(),
+            control: self.control_path(),
+            balloon: BalloonOptions {
+                offer,
+                policy: self.policy()?,
+                ..BalloonOptions::default()
+            },
+            num_pages: pages(self.target)?,
+            access: self.access.access(),
+            limits: Limits::default(),
+            metrics: self.metrics.clone(),
+        })
+    }
+}
+
 /// Runs `serve` until SIGINT / SIGTERM.
 pub fn serve(args: &ServeArgs) -> Result<(), String> {
-    let control = args.control.clone().unwrap_or_else(|| {
-        let mut p = args.socket.clone().into_os_string();
-        p.push(".ctl");
-        PathBuf::from(p)
-    });
-    // PAGE_POISON is offered: a guest that poisons or initialises freed pages
-    // (`init_on_free=1`) negotiates reporting only with it (Linux `virtballoon_validate`).
-    // A guest that does neither drops it, and Linux `virtio_uml` then sends SET_FEATURES
-    // again, without the vhost-user protocol bit; it then also sends no SET_VRING_ENABLE
-    // (rings start enabled, as the vhost-user specification says for that case).
-    let mut offer = FeatureOffer {
-        deflate_on_oom: args.deflate_on_oom,
-        free_page_hint: args.free_page_hint,
-        page_reporting: !args.no_page_reporting,
-        ..FeatureOffer::default()
-    };
-    if args.zero_hints {
-        offer = offer.with_zero_hints();
-    }
-    let config = ServeConfig {
-        socket: args.socket.clone(),
-        control: control.clone(),
-        balloon: BalloonOptions {
-            offer,
-            ..BalloonOptions::default()
-        },
-        num_pages: pages(args.target)?,
-        access: args.access.access(),
-        limits: Limits::default(),
-        metrics: args.metrics.clone(),
-    };
+    let config = args.config()?;
+    let control = config.control.clone();
     server::serve(config, |_| {
         // A reader that has gone (`serve | head -1`) must not stop the daemon.
         let mut out = std::io::stdout().lock();
@@ -190,5 +228,46 @@ mod tests {
         assert!(parse_page_size("1000")
             .unwrap_err()
             .contains("not a multiple of 4 KiB"));
+    }
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn config(extra: &[&str]) -> Result<ServeConfig, String> {
+        let argv = [&["serve", "--socket", "/tmp/z.sock"][..], extra].concat();
+        Serve::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .args
+            .config()
+    }
+
+    #[test]
+    fn host_policies_are_named_as_process_mode_names_them() {
+        let policy = |extra: &[&str]| config(extra).map(|c| c.balloon.policy);
+        assert_eq!(policy(&[]), Ok(DiscardPolicy::Immediate), "the default");
+        assert_eq!(
+            policy(&["--host", "hold", "--hold-ms", "250"]),
+            Ok(DiscardPolicy::Hold(Duration::from_millis(250)))
+        );
+        assert_eq!(
+            policy(&["--host", "hold"]),
+            Ok(DiscardPolicy::Hold(Duration::from_millis(1000))),
+            "--hold-ms defaults to 1 s, as the demo's"
+        );
+        assert_eq!(policy(&["--host", "lazy"]), Ok(DiscardPolicy::Lazy));
+        let bad = policy(&["--host", "later"]).unwrap_err();
+        assert!(bad.contains("immediate") && bad.contains("lazy"), "{bad}");
+        assert!(policy(&["--host", "hold", "--hold-ms", "600001"]).is_err());
+        let c = config(&[]).unwrap();
+        assert_eq!(c.control, PathBuf::from("/tmp/z.sock.ctl"));
     }
 }

@@ -3,7 +3,7 @@
 //! | request | effect | answer |
 //! |---|---|---|
 //! | `{"op":"set","pages":N}` | target `num_pages` = N (4 KiB pages); the guest is told (`CONFIG_CHANGE_MSG`) | `{"ok":true,"num_pages":N}` |
-//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"refused_peers":…,"refused_control_connections":…,"num_pages":…,"actual":…,"features":…,"metrics":{…},"stats":{…}}` |
+//! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"refused_peers":…,"refused_control_connections":…,"num_pages":…,"host":{"policy":…,"hold_ms":…},"actual":…,"features":…,"regions":[{"gpa":…,"size":…,"backing":"shared_file"/"hugetlb","page_size":…}],"metrics":{…},"stats":{…}}` |
 //! | `{"op":"stats","timeout_ms":T}` | asks the guest for fresh statistics, waits up to T ms for them | the status, with `"fresh":true/false` |
 //! | `{"op":"hint"}` | starts a free page hint run (a new `free_page_hint_cmd_id`; the guest is told) | `{"ok":true,"cmd_id":N}`, or an error when no guest is connected or it did not negotiate hinting |
 //! | `{"op":"hint_status"}` | — | `{"ok":true,"state":"idle"/"running"/"done","cmd_id":…,"acknowledged":…,"pages_hinted":…,"bytes_discarded":…}` of the latest run |
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use thiserror::Error;
-use zeronce_balloon::{BalloonMetrics, GuestStats};
+use zeronce_balloon::{Backing, BalloonMetrics, DiscardPolicy, GuestStats, RegionBacking};
 use zeronce_daemon::{read_line, refuse, AcceptBackoff, Line};
 use zeronce_types::rate::log_this;
 
@@ -207,9 +207,11 @@ fn status(hub: &Hub, fresh: Option<bool>) -> Value {
         "refused_peers": hub.refused_peers(),
         "refused_control_connections": hub.control_slots.refused(),
         "num_pages": hub.target(),
+        "host": host(hub.config().balloon.policy),
     });
     if let Some(backend) = hub.backend() {
         let mut g = backend.lock();
+        v["regions"] = regions(g.regions());
         let dev = g.device();
         v["connected"] = json!(true);
         v["actual"] = json!(dev.config().actual());
@@ -221,6 +223,40 @@ fn status(hub: &Hub, fresh: Option<bool>) -> Value {
         v["fresh"] = json!(fresh);
     }
     v
+}
+
+/// The host policy: its name (as `--host` spells it) and, under `hold`, the delay.
+fn host(policy: DiscardPolicy) -> Value {
+    match policy {
+        DiscardPolicy::Hold(d) => json!({"policy": policy.name(), "hold_ms": d.as_millis()}),
+        _ => json!({"policy": policy.name()}),
+    }
+}
+
+/// The regions of the latest memory table: where, how large, and their backing (with its
+/// huge page size), or why they cannot be discarded.
+fn regions(regions: &[RegionBacking]) -> Value {
+    let one = |r: &RegionBacking| {
+        let mut v = json!({"gpa": r.start.0, "size": r.len});
+        match &r.backing {
+            Ok(b) => v["backing"] = json!(backing_name(*b)),
+            Err(e) => v["error"] = json!(e.to_string()),
+        }
+        if let Ok(Backing::Hugetlb { page_size }) = r.backing {
+            v["page_size"] = json!(page_size);
+        }
+        v
+    };
+    Value::Array(regions.iter().map(one).collect())
+}
+
+/// A backing's name in the status.
+fn backing_name(b: Backing) -> &'static str {
+    match b {
+        Backing::PrivateAnonymous => "private_anonymous",
+        Backing::SharedFile => "shared_file",
+        Backing::Hugetlb { .. } => "hugetlb",
+    }
 }
 
 /// The device counters; `balloon_inflate` / `balloon_deflate` as Linux names the same

@@ -36,11 +36,16 @@ mod metrics;
 mod path;
 mod relay;
 mod server;
+mod timer;
 mod totals;
 mod wire;
 
 #[cfg(test)]
+mod backing_tests;
+#[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod hugetlb_tests;
 #[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]

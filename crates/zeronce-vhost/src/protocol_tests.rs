@@ -36,11 +36,12 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     pub(crate) fn start(name: &str) -> Daemon {
-        Daemon::start_with(name, false)
+        Daemon::start_with(name, false, BalloonOptions::default())
     }
 
-    /// A daemon; with `metrics`, its Prometheus page on `dir/metrics.sock`.
-    pub(crate) fn start_with(name: &str, metrics: bool) -> Daemon {
+    /// A daemon serving a device with `balloon`; with `metrics`, its Prometheus page on
+    /// `dir/metrics.sock`.
+    pub(crate) fn start_with(name: &str, metrics: bool, balloon: BalloonOptions) -> Daemon {
         let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -49,7 +50,7 @@ impl Daemon {
         let config = ServeConfig {
             socket: socket.clone(),
             control: control.clone(),
-            balloon: BalloonOptions::default(),
+            balloon,
             num_pages: 0,
             access: zeronce_daemon::Access::default(),
             limits: crate::Limits {
@@ -238,7 +239,7 @@ fn parse_page(text: &str) -> std::collections::BTreeMap<String, f64> {
 
 #[test]
 fn the_metrics_page_parses_and_keeps_the_counts_of_ended_sessions() {
-    let d = Daemon::start_with("metrics", true);
+    let d = Daemon::start_with("metrics", true, BalloonOptions::default());
     let addr = MetricsAddr::Unix(d.dir.join("metrics.sock"));
     let s = UnixStream::connect(&d.socket).unwrap();
     let channel = handshake(&s);

@@ -17,7 +17,7 @@ use crate::protocol_tests::{
 };
 use crate::wire;
 
-const SET_VRING_NUM: u32 = 8;
+pub(crate) const SET_VRING_NUM: u32 = 8;
 const SET_VRING_ADDR: u32 = 9;
 const SET_VRING_BASE: u32 = 10;
 const GET_VRING_BASE: u32 = 11;
@@ -27,15 +27,32 @@ const SET_VRING_ENABLE: u32 = 18;
 /// Where the front-end "maps" guest address 0 (as in `mem_table`).
 const VA_BASE: u64 = 0x7f00_0000_0000;
 const SIZE: u64 = 4 << 20;
-const QSIZE: u16 = 16;
+pub(crate) const QSIZE: u16 = 16;
 
-/// One ring as the front-end holds it: the driver's rings and the kick eventfd.
-struct Ring {
-    queue: DriverQueue,
-    kick: OwnedFd,
+/// One ring as the front-end holds it: the driver's rings, the kick eventfd and the
+/// call eventfd (the used-buffer notifications).
+pub(crate) struct Ring {
+    pub(crate) queue: DriverQueue,
+    pub(crate) kick: OwnedFd,
+    pub(crate) call: OwnedFd,
 }
 
-fn eventfd() -> OwnedFd {
+impl Ring {
+    /// Ring `index` of the rings the test lays out in guest memory (16 KiB apart from 0).
+    pub(crate) fn new(mem: &GuestMemoryMmap, index: u64) -> Ring {
+        Ring {
+            queue: DriverQueue::new(mem, GuestAddress(0x4000 * index), QSIZE).unwrap(),
+            kick: eventfd(),
+            call: rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .unwrap(),
+        }
+    }
+}
+
+pub(crate) fn eventfd() -> OwnedFd {
     rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap()
 }
 
@@ -46,7 +63,7 @@ fn vring_msg(s: &UnixStream, request: u32, index: u32, num: u32) {
 }
 
 /// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK, _ENABLE for ring `index`, from `base`.
-fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
+pub(crate) fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
     vring_msg(s, SET_VRING_NUM, index, u32::from(QSIZE));
     let a = ring.queue.addrs();
     let mut p = Vec::new();
@@ -60,7 +77,7 @@ fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
     assert_eq!(ack(s, SET_VRING_ADDR), 0);
     vring_msg(s, SET_VRING_BASE, index, u32::from(base));
     for (request, fd) in [
-        (SET_VRING_CALL, eventfd()),
+        (SET_VRING_CALL, ring.call.try_clone().unwrap()),
         (SET_VRING_KICK, ring.kick.try_clone().unwrap()),
     ] {
         send(
@@ -75,7 +92,8 @@ fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
     vring_msg(s, SET_VRING_ENABLE, index, 1);
 }
 
-fn stop_ring(s: &UnixStream, index: u32) -> u32 {
+/// GET_VRING_BASE of ring `index`: the index the back-end answers.
+pub(crate) fn stop_ring(s: &UnixStream, index: u32) -> u32 {
     let p = [index.to_le_bytes(), 0u32.to_le_bytes()].concat();
     send(s, GET_VRING_BASE, 0, &p, &[]);
     let r = reply(s, GET_VRING_BASE);
@@ -143,12 +161,7 @@ fn rings_stopped_and_started_again_resume_at_the_devices_indices() {
         &[memfd],
     );
     assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
-    let mut rings: Vec<Ring> = (0..2u64)
-        .map(|i| Ring {
-            queue: DriverQueue::new(&mem, GuestAddress(0x4000 * i), QSIZE).unwrap(),
-            kick: eventfd(),
-        })
-        .collect();
+    let mut rings: Vec<Ring> = (0..2u64).map(|i| Ring::new(&mem, i)).collect();
     for (i, r) in rings.iter().enumerate() {
         start_ring(&s, i as u32, r, 0);
     }

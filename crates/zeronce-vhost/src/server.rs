@@ -227,7 +227,7 @@ fn first_header(hub: &Hub, stream: &UnixStream) -> io::Result<Option<u8>> {
 /// Serves one front-end connection to its end.
 fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
     let slot = Arc::new(Mutex::new(None));
-    let backend = BalloonBackend::new(hub.config().balloon, hub.target(), Arc::clone(&slot));
+    let backend = BalloonBackend::new(hub.config().balloon, hub.target(), Arc::clone(&slot))?;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::default());
     let mut daemon = VhostUserDaemon::new("zeronce-balloon".into(), backend.clone(), mem)
         .map_err(|e| io::Error::other(e.to_string()))?;

@@ -39,13 +39,17 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The vhost-user protocol features spoken: acknowledged replies, the back-end request
 /// channel (for `CONFIG_CHANGE_MSG`), the configuration space messages, `MQ` (so that
 /// `GET_QUEUE_NUM` is answered: crosvm asks it only with `MQ`, and otherwise creates two
-/// queues, too few for a guest that negotiates stats or reporting) and `RESET_DEVICE`.
+/// queues, too few for a guest that negotiates stats or reporting), `RESET_DEVICE` and
+/// `CONFIGURE_MEM_SLOTS` (memory hot-plug: QEMU then sends its regions one by one with
+/// `ADD_MEM_REG` / `REM_MEM_REG` instead of `SET_MEM_TABLE`; the relay answers
+/// `GET_MAX_MEM_SLOTS` and checks each region as it checks a table's).
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::BACKEND_REQ
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
 /// The device's interrupts over vhost-user.

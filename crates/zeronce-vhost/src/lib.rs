@@ -36,11 +36,14 @@ mod metrics;
 mod path;
 mod relay;
 mod server;
+mod slots;
 mod totals;
 mod wire;
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod memslot_tests;
 #[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]

@@ -25,14 +25,44 @@ const SET_VRING_KICK: u32 = 12;
 const SET_VRING_CALL: u32 = 13;
 const SET_VRING_ENABLE: u32 = 18;
 /// Where the front-end "maps" guest address 0 (as in `mem_table`).
-const VA_BASE: u64 = 0x7f00_0000_0000;
+pub(crate) const VA_BASE: u64 = 0x7f00_0000_0000;
 const SIZE: u64 = 4 << 20;
-const QSIZE: u16 = 16;
+pub(crate) const QSIZE: u16 = 16;
 
 /// One ring as the front-end holds it: the driver's rings and the kick eventfd.
-struct Ring {
-    queue: DriverQueue,
-    kick: OwnedFd,
+pub(crate) struct Ring {
+    pub(crate) queue: DriverQueue,
+    pub(crate) kick: OwnedFd,
+}
+
+impl Ring {
+    /// A ring of [`QSIZE`] entries at `at` in `mem`, with a fresh kick eventfd.
+    pub(crate) fn new(mem: &GuestMemoryMmap, at: GuestAddress) -> Ring {
+        Ring {
+            queue: DriverQueue::new(mem, at, QSIZE).unwrap(),
+            kick: eventfd(),
+        }
+    }
+
+    /// Adds a chain, kicks, and waits until the device used it: its used length.
+    pub(crate) fn roundtrip(&mut self, mem: &GuestMemoryMmap, bufs: &[DriverBuf]) -> u32 {
+        let head = self.queue.add_chain(mem, bufs).unwrap();
+        rustix::io::write(&self.kick, &1u64.to_ne_bytes()).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let used = self.queue.take_used(mem).unwrap();
+            if let Some(&(h, len)) = used.first() {
+                assert_eq!(used.len(), 1, "one chain used: {used:?}");
+                assert_eq!(h, u32::from(head), "the chain added");
+                return len;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the chain was not served"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 fn eventfd() -> OwnedFd {
@@ -46,7 +76,7 @@ fn vring_msg(s: &UnixStream, request: u32, index: u32, num: u32) {
 }
 
 /// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK, _ENABLE for ring `index`, from `base`.
-fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
+pub(crate) fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
     vring_msg(s, SET_VRING_NUM, index, u32::from(QSIZE));
     let a = ring.queue.addrs();
     let mut p = Vec::new();
@@ -87,24 +117,7 @@ fn stop_ring(s: &UnixStream, index: u32) -> u32 {
 fn deflate(mem: &GuestMemoryMmap, ring: &mut Ring) {
     let pfns = GuestAddress(0x20_0000);
     vm_memory::Bytes::write_slice(mem, &0x300u32.to_le_bytes(), pfns).unwrap();
-    let head = ring
-        .queue
-        .add_chain(mem, &[DriverBuf::read(pfns.0, 4)])
-        .unwrap();
-    rustix::io::write(&ring.kick, &1u64.to_ne_bytes()).unwrap();
-    let t0 = Instant::now();
-    loop {
-        let used = ring.queue.take_used(mem).unwrap();
-        if !used.is_empty() {
-            assert_eq!(used, vec![(u32::from(head), 0)]);
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the deflate was not served"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert_eq!(ring.roundtrip(mem, &[DriverBuf::read(pfns.0, 4)]), 0);
 }
 
 #[test]
@@ -144,10 +157,7 @@ fn rings_stopped_and_started_again_resume_at_the_devices_indices() {
     );
     assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
     let mut rings: Vec<Ring> = (0..2u64)
-        .map(|i| Ring {
-            queue: DriverQueue::new(&mem, GuestAddress(0x4000 * i), QSIZE).unwrap(),
-            kick: eventfd(),
-        })
+        .map(|i| Ring::new(&mem, GuestAddress(0x4000 * i)))
         .collect();
     for (i, r) in rings.iter().enumerate() {
         start_ring(&s, i as u32, r, 0);

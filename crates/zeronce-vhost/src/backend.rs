@@ -10,7 +10,7 @@
 //! changes go as `CONFIG_CHANGE_MSG` on the back-end request channel the relay kept.
 
 use std::io::{self, Write};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -136,6 +136,18 @@ pub struct BalloonBackend {
     inner: Arc<Inner>,
 }
 
+/// A back-end that does not keep its device (and the guest memory it maps) alive: for a
+/// timer that may outlive the front-end's connection.
+#[derive(Clone)]
+pub(crate) struct WeakBackend(Weak<Inner>);
+
+impl WeakBackend {
+    /// The back-end, while its connection's device is still there.
+    pub(crate) fn upgrade(&self) -> Option<BalloonBackend> {
+        self.0.upgrade().map(|inner| BalloonBackend { inner })
+    }
+}
+
 /// Access to the device of a running back-end, for the control socket.
 pub struct DeviceGuard<'a> {
     state: MutexGuard<'a, State>,
@@ -185,6 +197,11 @@ impl BalloonBackend {
             // No channel yet: this only sets the field.
             g.state.dev.set_num_pages(num_pages);
         }
+    }
+
+    /// A handle that does not keep the device alive.
+    pub(crate) fn downgrade(&self) -> WeakBackend {
+        WeakBackend(Arc::downgrade(&self.inner))
     }
 
     /// Locks the device.

@@ -54,6 +54,9 @@ pub struct Limits {
     /// `hw/virtio/vhost-user.c`), so QEMU takes it as it is. QEMU refuses a back-end
     /// whose bound went down across a reconnection: keep it fixed for a daemon's life.
     pub mem_slots: u64,
+    /// How long a free page hint run may go on before the device ends it (sets
+    /// `CMD_ID_STOP`, the run's status becomes `timed_out`).
+    pub hint_run: Duration,
 }
 
 impl Default for Limits {
@@ -63,6 +66,7 @@ impl Default for Limits {
             control_connections: 16,
             control_idle: Duration::from_secs(60),
             mem_slots: 509,
+            hint_run: Duration::from_secs(30),
         }
     }
 }

@@ -31,6 +31,7 @@ mod child;
 pub mod cli;
 pub mod control;
 mod frontend;
+mod hint;
 mod hub;
 mod metrics;
 mod path;
@@ -40,6 +41,8 @@ mod slots;
 mod totals;
 mod wire;
 
+#[cfg(test)]
+mod hint_tests;
 #[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]

@@ -201,3 +201,54 @@ fn hostile_hint_chains_are_refused_and_the_queue_keeps_serving() {
     );
     still_serves(&mut rig, Q);
 }
+
+#[test]
+fn a_timed_out_run_sets_stop_discards_nothing_more_and_the_drivers_stop_gets_done() {
+    let mem = mem_with_hole();
+    let mut rig = running(&mem);
+    let id = rig.dev.hint_status().cmd_id;
+    assert_eq!(rig.roundtrip(Q, &[DriverBuf::write(8 * MIB, 0x1000)]), 0);
+    assert_eq!(rig.calls(), 1);
+    let changes = rig.irq.config_changes();
+    assert!(!rig.dev.time_out_hint_run(id + 1), "not the current run");
+    assert!(rig.dev.time_out_hint_run(id));
+    assert_eq!(rig.dev.config().free_page_hint_cmd_id(), CMD_ID_STOP);
+    assert_eq!(rig.irq.config_changes(), changes + 1, "STOP is signalled");
+    let s = rig.dev.hint_status();
+    assert_eq!((s.state, s.pages_hinted), (HintState::TimedOut, 1));
+    assert!(!rig.dev.time_out_hint_run(id), "a run ends once");
+    // A block the driver queued before it saw STOP is not discarded.
+    assert_eq!(rig.roundtrip(Q, &[DriverBuf::write(8 * MIB, 0x1000)]), 0);
+    assert_eq!(rig.calls(), 1);
+    // The driver ends its sequence: DONE, so it frees its hinted blocks; only once.
+    assert_eq!(send_id(&mut rig, CMD_ID_STOP), 0);
+    assert_eq!(rig.dev.config().free_page_hint_cmd_id(), CMD_ID_DONE);
+    assert_eq!(rig.irq.config_changes(), changes + 2);
+    assert_eq!(send_id(&mut rig, CMD_ID_STOP), 0);
+    assert_eq!(rig.irq.config_changes(), changes + 2);
+    assert_eq!(rig.dev.hint_status().state, HintState::TimedOut);
+    assert_eq!(rig.dev.metrics().malformed_total(), 0);
+    let next = rig.dev.start_hint_run().unwrap();
+    assert_ne!(next, id, "a new run, a new id");
+    assert_eq!(rig.dev.hint_status().state, HintState::Running);
+}
+
+#[test]
+fn a_run_timed_out_before_the_driver_started_it_is_no_hostile_id() {
+    let mem = mem_with_hole();
+    let mut rig = rig(&mem, &[Feature::FreePageHint]);
+    let id = rig.dev.start_hint_run().unwrap();
+    assert!(rig.dev.time_out_hint_run(id));
+    // The driver had read the id before the STOP: its id, blocks and STOP come late.
+    assert_eq!(send_id(&mut rig, id), 0);
+    assert_eq!(rig.roundtrip(Q, &[DriverBuf::write(8 * MIB, 0x1000)]), 0);
+    assert_eq!(rig.calls(), 0, "nothing discarded after the timeout");
+    assert_eq!(send_id(&mut rig, CMD_ID_STOP), 0);
+    assert_eq!(rig.dev.config().free_page_hint_cmd_id(), CMD_ID_DONE);
+    assert_eq!(
+        rig.dev.metrics().malformed_total(),
+        0,
+        "a race, not an attack"
+    );
+    assert_eq!(rig.dev.metrics().hints_stale.get(), 1);
+}

@@ -17,7 +17,7 @@
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -51,13 +51,17 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The vhost-user protocol features spoken: acknowledged replies, the back-end request
 /// channel (for `CONFIG_CHANGE_MSG`), the configuration space messages, `MQ` (so that
 /// `GET_QUEUE_NUM` is answered: crosvm asks it only with `MQ`, and otherwise creates two
-/// queues, too few for a guest that negotiates stats or reporting) and `RESET_DEVICE`.
+/// queues, too few for a guest that negotiates stats or reporting), `RESET_DEVICE` and
+/// `CONFIGURE_MEM_SLOTS` (memory hot-plug: QEMU then sends its regions one by one with
+/// `ADD_MEM_REG` / `REM_MEM_REG` instead of `SET_MEM_TABLE`; the relay answers
+/// `GET_MAX_MEM_SLOTS` and checks each region as it checks a table's).
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::BACKEND_REQ
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
 }
 
 /// The device's interrupts over vhost-user.
@@ -162,6 +166,18 @@ pub struct BalloonBackend {
     inner: Arc<Inner>,
 }
 
+/// A back-end that does not keep its device (and the guest memory it maps) alive: for a
+/// timer that may outlive the front-end's connection.
+#[derive(Clone)]
+pub(crate) struct WeakBackend(Weak<Inner>);
+
+impl WeakBackend {
+    /// The back-end, while its connection's device is still there.
+    pub(crate) fn upgrade(&self) -> Option<BalloonBackend> {
+        self.0.upgrade().map(|inner| BalloonBackend { inner })
+    }
+}
+
 /// Access to the device of a running back-end, for the control socket.
 pub struct DeviceGuard<'a> {
     state: MutexGuard<'a, State>,
@@ -261,6 +277,11 @@ impl BalloonBackend {
             // No channel yet: this only sets the field.
             g.state.dev.set_num_pages(num_pages);
         }
+    }
+
+    /// A handle that does not keep the device alive.
+    pub(crate) fn downgrade(&self) -> WeakBackend {
+        WeakBackend(Arc::downgrade(&self.inner))
     }
 
     /// Locks the device.

@@ -82,7 +82,7 @@ impl Guest {
             Some(FileOffset::new(file.try_clone().unwrap(), 0)),
         )])
         .unwrap();
-        let rings: Vec<Ring> = (0..3).map(|i| Ring::new(&mem, i)).collect();
+        let rings: Vec<Ring> = (0..3).map(|i| Ring::nth(&mem, i)).collect();
         for (i, r) in rings.iter().enumerate() {
             start_ring(&s, i as u32, r, 0);
         }

@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// has discarded it, and loses what it wrote there (RELIABILITY.md).
     #[arg(long)]
     pub free_page_hint: bool,
+    /// How long a free page hint run may last, in seconds: a guest that has not sent all
+    /// its free pages by then is told to stop (CMD_ID_STOP) and the run's status says
+    /// `timed_out`.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub hint_timeout: u64,
     /// Do not offer free page reporting (bit 5): the guest returns free memory only by
     /// inflating or, with --free-page-hint, in hint runs.
     #[arg(long)]
@@ -96,8 +101,9 @@ pub enum BalloonAction {
     /// Ask the guest for fresh statistics, then print them with the status (JSON).
     Stats,
     /// Start a free page hint run: the guest hints its free pages and the device discards
-    /// them (needs `serve --free-page-hint`). With `--status`: the latest run's state
-    /// (idle, running, done), pages hinted and bytes discarded (JSON).
+    /// them (needs `serve --free-page-hint`); the run ends when the guest is done, or
+    /// after `serve --hint-timeout`. With `--status`: the latest run's state (idle,
+    /// running, done, timed_out), pages hinted and bytes discarded (JSON).
     Hint {
         /// Print the latest run's status instead of starting one.
         #[arg(long)]
@@ -169,7 +175,10 @@ impl ServeArgs {
             },
             num_pages: pages(self.target)?,
             access: self.access.access(),
-            limits: Limits::default(),
+            limits: Limits {
+                hint_run: std::time::Duration::from_secs(self.hint_timeout),
+                ..Limits::default()
+            },
             metrics: self.metrics.clone(),
         })
     }
@@ -193,15 +202,20 @@ pub fn serve(args: &ServeArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())
 }
 
-/// Runs one `balloon` action and prints the answer.
-pub fn balloon(args: &BalloonArgs) -> Result<(), String> {
-    let req = match &args.action {
+/// The control request of a `balloon` action.
+pub fn action_request(action: &BalloonAction) -> Result<serde_json::Value, String> {
+    Ok(match action {
         BalloonAction::Set { size } => json!({"op": "set", "pages": pages(*size)?}),
         BalloonAction::Status => json!({"op": "status"}),
         BalloonAction::Stats => json!({"op": "stats"}),
         BalloonAction::Hint { status: false } => json!({"op": "hint"}),
         BalloonAction::Hint { status: true } => json!({"op": "hint_status"}),
-    };
+    })
+}
+
+/// Runs one `balloon` action and prints the answer.
+pub fn balloon(args: &BalloonArgs) -> Result<(), String> {
+    let req = action_request(&args.action)?;
     let answer = control::request(&args.socket, &req).map_err(|e| e.to_string())?;
     let text = serde_json::to_string_pretty(&answer).unwrap_or_default();
     match writeln!(std::io::stdout().lock(), "{text}") {

@@ -5,8 +5,8 @@
 //! | `{"op":"set","pages":N}` | target `num_pages` = N (4 KiB pages); the guest is told (`CONFIG_CHANGE_MSG`) | `{"ok":true,"num_pages":N}` |
 //! | `{"op":"status"}` | — | `{"ok":true,"connected":…,"connections":…,"rejected_connections":…,"refused_peers":…,"refused_control_connections":…,"num_pages":…,"host":{"policy":…,"hold_ms":…},"actual":…,"features":…,"regions":[{"gpa":…,"size":…,"backing":"shared_file"/"hugetlb","page_size":…}],"metrics":{…},"stats":{…}}` |
 //! | `{"op":"stats","timeout_ms":T}` | asks the guest for fresh statistics, waits up to T ms for them | the status, with `"fresh":true/false` |
-//! | `{"op":"hint"}` | starts a free page hint run (a new `free_page_hint_cmd_id`; the guest is told) | `{"ok":true,"cmd_id":N}`, or an error when no guest is connected or it did not negotiate hinting |
-//! | `{"op":"hint_status"}` | — | `{"ok":true,"state":"idle"/"running"/"done","cmd_id":…,"acknowledged":…,"pages_hinted":…,"bytes_discarded":…}` of the latest run |
+//! | `{"op":"hint"}` | starts a free page hint run (a new `free_page_hint_cmd_id`; the guest is told), ended by the guest's STOP or after [`crate::Limits::hint_run`] | `{"ok":true,"cmd_id":N,"timeout_ms":T}`, or an error when no guest is connected, it did not negotiate hinting, or a run is still running |
+//! | `{"op":"hint_status"}` | — | `{"ok":true,"state":"idle"/"running"/"done"/"timed_out","cmd_id":…,"acknowledged":…,"pages_hinted":…,"bytes_discarded":…}` of the latest run |
 //!
 //! A bad request (not JSON, not UTF-8) gets `{"ok":false,"error":"…"}` and the
 //! connection stays usable; a line longer than 4 KiB gets one and the connection is
@@ -103,7 +103,7 @@ fn connection(hub: &Hub, s: UnixStream) -> io::Result<()> {
     }
 }
 
-fn error(msg: &str) -> Value {
+pub(crate) fn error(msg: &str) -> Value {
     json!({"ok": false, "error": msg})
 }
 
@@ -131,44 +131,13 @@ pub(crate) fn handle(hub: &Hub, req: &Value) -> Value {
             let fresh = fresh_stats(hub, wait);
             status(hub, Some(fresh))
         }
-        Some("hint") => start_hint(hub),
-        Some("hint_status") => hint_status(hub),
+        Some("hint") => crate::hint::start(hub),
+        Some("hint_status") => crate::hint::status(hub),
         Some(op) => error(&format!(
             "unknown op {op:?} (set, status, stats, hint, hint_status)"
         )),
         None => error("missing \"op\""),
     }
-}
-
-/// Starts a hint run on the connected guest's device.
-fn start_hint(hub: &Hub) -> Value {
-    let Some(backend) = hub.backend() else {
-        return error("no guest connected");
-    };
-    let started = backend.lock().device().start_hint_run();
-    match started {
-        Some(id) => json!({"ok": true, "cmd_id": id}),
-        None => error(
-            "the guest did not negotiate free page hinting (is `zeronce serve` run with \
-             --free-page-hint?)",
-        ),
-    }
-}
-
-/// The connected guest's latest hint run.
-fn hint_status(hub: &Hub) -> Value {
-    let Some(backend) = hub.backend() else {
-        return error("no guest connected");
-    };
-    let s = backend.lock().device().hint_status();
-    json!({
-        "ok": true,
-        "state": s.state.name(),
-        "cmd_id": s.cmd_id,
-        "acknowledged": s.acknowledged,
-        "pages_hinted": s.pages_hinted,
-        "bytes_discarded": s.bytes_discarded,
-    })
 }
 
 /// Asks the guest for statistics and waits until they arrive or `wait` passes.

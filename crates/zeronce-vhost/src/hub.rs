@@ -47,6 +47,16 @@ pub struct Limits {
     pub control_connections: usize,
     /// How long a control connection may stay silent before it is closed.
     pub control_idle: Duration,
+    /// The most memory regions a front-end may map into the daemon (each one a mapping
+    /// and an open file descriptor): the answer to `GET_MAX_MEM_SLOTS`, and an
+    /// `ADD_MEM_REG` past it is refused. The default, 509, is rust-vmm
+    /// `vhost-user-backend`'s own figure, below QEMU's 512 (`VHOST_USER_MAX_RAM_SLOTS`,
+    /// `hw/virtio/vhost-user.c`), so QEMU takes it as it is. QEMU refuses a back-end
+    /// whose bound went down across a reconnection: keep it fixed for a daemon's life.
+    pub mem_slots: u64,
+    /// How long a free page hint run may go on before the device ends it (sets
+    /// `CMD_ID_STOP`, the run's status becomes `timed_out`).
+    pub hint_run: Duration,
 }
 
 impl Default for Limits {
@@ -55,6 +65,8 @@ impl Default for Limits {
             handshake: Duration::from_secs(5),
             control_connections: 16,
             control_idle: Duration::from_secs(60),
+            mem_slots: 509,
+            hint_run: Duration::from_secs(30),
         }
     }
 }

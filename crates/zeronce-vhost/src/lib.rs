@@ -18,8 +18,10 @@
 //! space through `GET_CONFIG`/`SET_CONFIG`, queues, interrupts), the accept loop
 //! (`server`) over the shared state (`hub`), the normalising relay in front of rust-vmm's
 //! request handler (`relay`, `wire`: the 72-byte `SET_MEM_TABLE` of `virtio_uml`, and
-//! the back-end request channel on which `CONFIG_CHANGE_MSG` announces a new target), and
-//! the socket path checks (`path`), and the Prometheus page (`metrics`, `--metrics`).
+//! the back-end request channel on which `CONFIG_CHANGE_MSG` announces a new target; `slots`:
+//! the bound on memory slots, `GET_MAX_MEM_SLOTS` / `ADD_MEM_REG`), the hint verbs and the
+//! time limit on a hint run (`hint`), the socket path checks (`path`), and the Prometheus
+//! page (`metrics`, `--metrics`).
 //!
 //! Where the daemon sits in the whole system, and how it maps the guest's memory: the
 //! repository's `docs/ARCHITECTURE.md` (§2, §9).
@@ -31,11 +33,13 @@ mod child;
 pub mod cli;
 pub mod control;
 mod frontend;
+mod hint;
 mod hub;
 mod metrics;
 mod path;
 mod relay;
 mod server;
+mod slots;
 mod timer;
 mod totals;
 mod wire;
@@ -43,9 +47,13 @@ mod wire;
 #[cfg(test)]
 mod backing_tests;
 #[cfg(test)]
+mod hint_tests;
+#[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
 mod hugetlb_tests;
+#[cfg(test)]
+mod memslot_tests;
 #[cfg(test)]
 mod protocol_tests;
 #[cfg(test)]

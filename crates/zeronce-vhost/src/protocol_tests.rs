@@ -42,23 +42,34 @@ impl Daemon {
     /// A daemon serving a device with `balloon`; with `metrics`, its Prometheus page on
     /// `dir/metrics.sock`.
     pub(crate) fn start_with(name: &str, metrics: bool, balloon: BalloonOptions) -> Daemon {
+        Daemon::start_custom(name, |c| {
+            c.balloon = balloon;
+            if metrics {
+                c.metrics = Some(MetricsAddr::Unix(c.socket.with_file_name("metrics.sock")));
+            }
+        })
+    }
+
+    /// A daemon with the test configuration as `adjust` changes it.
+    pub(crate) fn start_custom(name: &str, adjust: impl FnOnce(&mut ServeConfig)) -> Daemon {
         let dir = std::env::temp_dir().join(format!("zeronce-vhost-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("vhost.sock");
         let control = dir.join("ctl.sock");
-        let config = ServeConfig {
+        let mut config = ServeConfig {
             socket: socket.clone(),
             control: control.clone(),
-            balloon,
+            balloon: BalloonOptions::default(),
             num_pages: 0,
             access: zeronce_daemon::Access::default(),
             limits: crate::Limits {
                 handshake: std::time::Duration::from_millis(500),
                 ..crate::Limits::default()
             },
-            metrics: metrics.then(|| MetricsAddr::Unix(dir.join("metrics.sock"))),
+            metrics: None,
         };
+        adjust(&mut config);
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             crate::serve(config, |hub| tx.send(Arc::clone(hub)).unwrap()).unwrap();
@@ -99,6 +110,11 @@ pub(crate) fn reply(s: &UnixStream, request: u32) -> Vec<u8> {
     assert_eq!(m.header.request, request, "reply to the request sent");
     assert_ne!(m.header.flags & REPLY, 0, "flagged as a reply");
     m.payload
+}
+
+/// Whether the daemon closed the connection (nothing more comes from it).
+pub(crate) fn recv_or_closed(s: &UnixStream) -> bool {
+    matches!(recv_message(s), Ok(None) | Err(_))
 }
 
 pub(crate) fn ack(s: &UnixStream, request: u32) -> u64 {

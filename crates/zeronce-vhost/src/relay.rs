@@ -26,6 +26,8 @@ use rustix::net::{
 };
 use zeronce_types::sync::lock;
 
+use crate::hub::Limits;
+use crate::slots::{MemSlots, Verdict};
 use crate::wire::{self, Header, Normalized, HEADER_SIZE, MAX_REGIONS};
 
 /// Refuses memory regions that reach past the end of the file backing them: mapped, the
@@ -168,19 +170,20 @@ pub struct Relay {
 impl Relay {
     /// Relays between `frontend` (the front-end's connection) and `backend` (the
     /// handler's end), storing a duplicate of the back-end request channel in `slot`.
-    /// A message whose first byte came must be whole within `message_timeout`.
+    /// A message whose first byte came must be whole within `limits.handshake`; the
+    /// front-end may map at most `limits.mem_slots` regions.
     pub fn start(
         frontend: UnixStream,
         backend: UnixStream,
         slot: BackendChannelSlot,
-        message_timeout: Duration,
+        limits: Limits,
     ) -> io::Result<Relay> {
         let (f_in, b_out) = (frontend.try_clone()?, backend.try_clone()?);
         let (f_out, b_in) = (frontend.try_clone()?, backend);
         let forward = std::thread::Builder::new()
             .name("vhost-relay-in".into())
             .spawn(move || {
-                if let Err(e) = forward(&f_in, &b_out, &slot, message_timeout) {
+                if let Err(e) = forward(&f_in, &b_out, &slot, &limits) {
                     tracing::info!(error = %e, "front-end connection ended");
                 }
                 let _ = b_out.shutdown(Shutdown::Both);
@@ -213,30 +216,37 @@ impl Relay {
     }
 }
 
-/// Front-end to handler: parse, normalise, note the back-end channel, forward.
+/// Front-end to handler: parse, normalise, check the memory regions (each one's file,
+/// and the bound on memory slots), note the back-end channel, forward.
 fn forward(
     from: &UnixStream,
     to: &UnixStream,
     slot: &BackendChannelSlot,
-    message_timeout: Duration,
+    limits: &Limits,
 ) -> io::Result<()> {
-    while let Some(mut m) = recv_message_within(from, Some(message_timeout))? {
+    let mut slots = MemSlots::new(limits.mem_slots);
+    while let Some(mut m) = recv_message_within(from, Some(limits.handshake))? {
         if let Normalized::MemTableTrimmed { from, to } =
             wire::normalize(&mut m.header, &mut m.payload)
         {
             tracing::debug!(from, to, "SET_MEM_TABLE: unused region slots cut");
         }
-        if let Err(why) = check_regions(&m) {
-            tracing::error!(request = m.header.request, "memory table refused: {why}");
-            if m.header.flags & wire::NEED_REPLY != 0 {
-                let h = Header {
-                    request: m.header.request,
-                    flags: wire::VERSION_1 | wire::REPLY,
-                    size: 8,
-                };
-                send_message(from, &h, &1u64.to_le_bytes(), &[])?;
+        // SET_MEM_TABLE and ADD_MEM_REG: one check of their regions.
+        match check_regions(&m).and_then(|()| slots.admit(&m.header, &m.payload)) {
+            Err(why) => {
+                tracing::error!(request = m.header.request, "memory region refused: {why}");
+                if m.header.flags & wire::NEED_REPLY != 0 {
+                    send_u64_reply(from, m.header.request, 1)?;
+                }
+                return Err(io::Error::new(io::ErrorKind::InvalidData, why));
             }
-            return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+            // The front-end waits for this answer, so no reply of the handler's is on
+            // its way to it meanwhile.
+            Ok(Verdict::Answer(v)) => {
+                send_u64_reply(from, m.header.request, v)?;
+                continue;
+            }
+            Ok(Verdict::Forward) => {}
         }
         if m.header.request == wire::SET_BACKEND_REQ_FD {
             if let Some(fd) = m.fds.first() {
@@ -248,4 +258,14 @@ fn forward(
         send_message(to, &m.header, &m.payload, &m.fds)?;
     }
     Ok(())
+}
+
+/// The relay's own reply to `request`: a u64 (an ack's status, or a value asked for).
+fn send_u64_reply(to: &UnixStream, request: u32, value: u64) -> io::Result<()> {
+    let h = Header {
+        request,
+        flags: wire::VERSION_1 | wire::REPLY,
+        size: 8,
+    };
+    send_message(to, &h, &value.to_le_bytes(), &[])
 }

@@ -25,7 +25,7 @@ const SET_VRING_KICK: u32 = 12;
 const SET_VRING_CALL: u32 = 13;
 const SET_VRING_ENABLE: u32 = 18;
 /// Where the front-end "maps" guest address 0 (as in `mem_table`).
-const VA_BASE: u64 = 0x7f00_0000_0000;
+pub(crate) const VA_BASE: u64 = 0x7f00_0000_0000;
 const SIZE: u64 = 4 << 20;
 pub(crate) const QSIZE: u16 = 16;
 
@@ -38,16 +38,41 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// Ring `index` of the rings the test lays out in guest memory (16 KiB apart from 0).
-    pub(crate) fn new(mem: &GuestMemoryMmap, index: u64) -> Ring {
+    /// A ring of [`QSIZE`] entries at `at` in `mem`, with fresh kick and call eventfds.
+    pub(crate) fn new(mem: &GuestMemoryMmap, at: GuestAddress) -> Ring {
         Ring {
-            queue: DriverQueue::new(mem, GuestAddress(0x4000 * index), QSIZE).unwrap(),
+            queue: DriverQueue::new(mem, at, QSIZE).unwrap(),
             kick: eventfd(),
             call: rustix::event::eventfd(
                 0,
                 rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
             )
             .unwrap(),
+        }
+    }
+
+    /// Ring `index` of the rings the tests lay out in guest memory (16 KiB apart from 0).
+    pub(crate) fn nth(mem: &GuestMemoryMmap, index: u64) -> Ring {
+        Ring::new(mem, GuestAddress(0x4000 * index))
+    }
+
+    /// Adds a chain, kicks, and waits until the device used it: its used length.
+    pub(crate) fn roundtrip(&mut self, mem: &GuestMemoryMmap, bufs: &[DriverBuf]) -> u32 {
+        let head = self.queue.add_chain(mem, bufs).unwrap();
+        rustix::io::write(&self.kick, &1u64.to_ne_bytes()).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let used = self.queue.take_used(mem).unwrap();
+            if let Some(&(h, len)) = used.first() {
+                assert_eq!(used.len(), 1, "one chain used: {used:?}");
+                assert_eq!(h, u32::from(head), "the chain added");
+                return len;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the chain was not served"
+            );
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -105,24 +130,7 @@ pub(crate) fn stop_ring(s: &UnixStream, index: u32) -> u32 {
 fn deflate(mem: &GuestMemoryMmap, ring: &mut Ring) {
     let pfns = GuestAddress(0x20_0000);
     vm_memory::Bytes::write_slice(mem, &0x300u32.to_le_bytes(), pfns).unwrap();
-    let head = ring
-        .queue
-        .add_chain(mem, &[DriverBuf::read(pfns.0, 4)])
-        .unwrap();
-    rustix::io::write(&ring.kick, &1u64.to_ne_bytes()).unwrap();
-    let t0 = Instant::now();
-    loop {
-        let used = ring.queue.take_used(mem).unwrap();
-        if !used.is_empty() {
-            assert_eq!(used, vec![(u32::from(head), 0)]);
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the deflate was not served"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert_eq!(ring.roundtrip(mem, &[DriverBuf::read(pfns.0, 4)]), 0);
 }
 
 #[test]
@@ -161,7 +169,7 @@ fn rings_stopped_and_started_again_resume_at_the_devices_indices() {
         &[memfd],
     );
     assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
-    let mut rings: Vec<Ring> = (0..2u64).map(|i| Ring::new(&mem, i)).collect();
+    let mut rings: Vec<Ring> = (0..2u64).map(|i| Ring::nth(&mem, i)).collect();
     for (i, r) in rings.iter().enumerate() {
         start_ring(&s, i as u32, r, 0);
     }

@@ -233,12 +233,7 @@ fn session(hub: &Arc<Hub>, frontend: UnixStream) -> io::Result<()> {
         .map_err(|e| io::Error::other(e.to_string()))?;
     let exit = ExitEvent::register(&daemon, &backend)?;
     let (mut inner_listener, inner) = private_connection()?;
-    let relay = Relay::start(
-        frontend.try_clone()?,
-        inner,
-        slot,
-        hub.config().limits.handshake,
-    )?;
+    let relay = Relay::start(frontend.try_clone()?, inner, slot, hub.config().limits)?;
     hub.set_session(Some(Session { backend, frontend }));
     if hub.stopping() {
         relay.shutdown();

@@ -12,9 +12,14 @@ use thiserror::Error;
 pub const HEADER_SIZE: usize = 12;
 /// `VHOST_USER_SET_MEM_TABLE` (front-end request 5).
 pub const SET_MEM_TABLE: u32 = 5;
-/// `VHOST_USER_ADD_MEM_REG` (front-end request 37; needs `CONFIGURE_MEM_SLOTS`, which the
-/// daemon does not offer, so `vhost` refuses it — its region is checked all the same).
+/// `VHOST_USER_GET_MAX_MEM_SLOTS` (front-end request 36; with `CONFIGURE_MEM_SLOTS`).
+pub const GET_MAX_MEM_SLOTS: u32 = 36;
+/// `VHOST_USER_ADD_MEM_REG` (front-end request 37; with `CONFIGURE_MEM_SLOTS`): one
+/// region and its file descriptor.
 pub const ADD_MEM_REG: u32 = 37;
+/// `VHOST_USER_REM_MEM_REG` (front-end request 38; with `CONFIGURE_MEM_SLOTS`): one
+/// region, no file descriptor (QEMU sends `mmap_offset` 0).
+pub const REM_MEM_REG: u32 = 38;
 /// Header flag bit 3: the front-end wants a reply (`REPLY_ACK`).
 pub const NEED_REPLY: u32 = 0x8;
 /// Header flag bit 2: this is a reply.
@@ -103,10 +108,20 @@ pub fn regions(header: &Header, payload: &[u8]) -> Vec<Region> {
             let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
             (n as usize, MEM_TABLE_HEAD)
         }
-        // A u64 of padding, then one region.
-        ADD_MEM_REG => (1, 8),
+        ADD_MEM_REG => return single_region(payload).into_iter().collect(),
         _ => return Vec::new(),
     };
+    region_list(payload, first, count)
+}
+
+/// The one region of an `ADD_MEM_REG` or `REM_MEM_REG` payload (`struct
+/// VhostUserMemRegMsg`: a u64 of padding, then the region); `None` if it is too short.
+pub fn single_region(payload: &[u8]) -> Option<Region> {
+    region_list(payload, 8, 1).pop()
+}
+
+/// `count` regions from `first` on, as many as `payload` holds (at most [`MAX_REGIONS`]).
+fn region_list(payload: &[u8], first: usize, count: usize) -> Vec<Region> {
     let word = |at: usize| {
         payload
             .get(at..at + 8)

@@ -2,6 +2,11 @@
 //! new `free_page_hint_cmd_id`, a config-change interrupt); the driver sends that id, then
 //! its free blocks, then `CMD_ID_STOP`; the device discards every block while the run is
 //! current and, at the driver's STOP, sets `CMD_ID_DONE` so the driver frees its blocks.
+//! A run the driver does not finish in time is ended by the VMM
+//! ([`BalloonDevice::time_out_hint_run`]): the device sets `CMD_ID_STOP` (the spec's "will
+//! not be able to make use of the hints"), discards nothing more, and sets `CMD_ID_DONE`
+//! at the driver's STOP that ends its sequence, so the driver gives its hinted blocks
+//! back to its allocator.
 //!
 //! A block is discarded while its chain is being served, before the descriptor is used:
 //! the driver keeps the block allocated at least until then, unless its shrinker took it
@@ -29,6 +34,9 @@ pub enum HintState {
     Running,
     /// The driver sent STOP; the device set DONE.
     Done,
+    /// The VMM ended the run before the driver's STOP: the device set STOP (and sets DONE
+    /// at the driver's STOP, if it had started hinting).
+    TimedOut,
 }
 
 impl HintState {
@@ -38,6 +46,7 @@ impl HintState {
             HintState::Idle => "idle",
             HintState::Running => "running",
             HintState::Done => "done",
+            HintState::TimedOut => "timed_out",
         }
     }
 }
@@ -116,6 +125,20 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         Some(id)
     }
 
+    /// Ends run `cmd_id` if it is still running (the VMM's time limit on a run): STOP in
+    /// the config space, a config-change interrupt, the state [`HintState::TimedOut`].
+    /// Blocks that come after are not discarded; the driver's STOP that ends its sequence
+    /// then gets DONE. Returns whether the run was ended (false: it had ended already, or
+    /// a newer run is current).
+    pub fn time_out_hint_run(&mut self, cmd_id: u32) -> bool {
+        if self.hint.current() != Some(cmd_id) {
+            return false;
+        }
+        self.hint.status.state = HintState::TimedOut;
+        self.signal_cmd_id(CMD_ID_STOP);
+        true
+    }
+
     /// The latest hint run's state and figures.
     pub fn hint_status(&self) -> HintStatus {
         self.hint.status
@@ -141,13 +164,28 @@ impl<D, I: InterruptSignal> BalloonDevice<D, I> {
         match hint::parse(mem, &mut self.discarder, descs)? {
             HintChain::CmdId(CMD_ID_STOP) => {
                 // A STOP ends the run the driver acknowledged; one ending an older
-                // sequence (the driver saw a new id mid-run) changes nothing.
-                if current.is_some() && self.hint.status.acknowledged {
+                // sequence (the driver saw a new id mid-run) changes nothing. After a
+                // timeout, the STOP of the run's sequence gets DONE, once.
+                let s = self.hint.status;
+                if current.is_some() && s.acknowledged {
                     self.hint.status.state = HintState::Done;
+                    self.signal_cmd_id(CMD_ID_DONE);
+                } else if s.state == HintState::TimedOut
+                    && s.acknowledged
+                    && self.config.free_page_hint_cmd_id() == CMD_ID_STOP
+                {
                     self.signal_cmd_id(CMD_ID_DONE);
                 }
             }
             HintChain::CmdId(id) if Some(id) == current => self.hint.status.acknowledged = true,
+            // The driver read the id before the timeout: its blocks are not discarded,
+            // its STOP gets DONE.
+            HintChain::CmdId(id)
+                if self.hint.status.state == HintState::TimedOut
+                    && id == self.hint.status.cmd_id =>
+            {
+                self.hint.status.acknowledged = true;
+            }
             HintChain::CmdId(got) => return Err(BalloonError::HintCommandId { got, current }),
             HintChain::Blocks(blocks) if current.is_some() && self.hint.status.acknowledged => {
                 let work = Work::Report {

@@ -175,9 +175,11 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
     v.push(step("small_2x2", &["small", "2", &ops], "wall_ms", false));
     // Cache-hot buffers at and above the default threshold, reused at once: what the
     // default threshold is chosen on (below it zeronce is mimalloc).
-    let hot_rounds = a.common.pick(None, 100, 400);
+    // 1 GiB (quick) or 2 GiB written per sample, so the first round's faults on fresh
+    // memory weigh little.
+    let hot_mib = a.common.pick(None, 1024, 2048);
     for (mib, name) in [(2, "hot_2mib"), (8, "hot_8mib"), (32, "hot_32mib")] {
-        let rounds = (hot_rounds * 2 / mib).max(10).to_string();
+        let rounds = (hot_mib / mib).max(20).to_string();
         v.push(step(
             name,
             &["hot", &mib.to_string(), &rounds],

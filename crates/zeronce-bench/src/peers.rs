@@ -5,10 +5,12 @@
 //! contender and step.
 //!
 //! Memory idle for seconds may be reclaimed by the machine's own host and faulted back
-//! slowly. A reuse sample is *cold* by its own figures ([`contest::cold`]: CPU time its
-//! minor faults do not explain, per touched page); the churn and app samples carry no
-//! fault figures yet, so they are still judged by distance (time over twice the median of
-//! their contender and step, throughput under half). Every step records the idle time
+//! slowly. A sample is *cold* by its own figures ([`contest::cold`]: CPU time its minor
+//! faults do not explain, per touched page): for reuse the timed allocation and touch, for
+//! churn its two threads' CPU time and faults over every page they touched, for app the
+//! allocation and first touch of each buffer, timed apart from the work on it. A sample
+//! without those figures (an old workload binary) is judged by distance (time over twice
+//! the median of its contender and step, throughput under half). Every step records the idle time
 //! before it (`idle_ms`); cold samples are counted and shown, never dropped; the `*_warm`
 //! figures leave them out.
 
@@ -398,6 +400,32 @@ mod tests {
         assert_eq!(s["wall_ms_warm_median"], json!(105.0), "{s}");
         assert_eq!(s["wall_ms_samples"], json!([100.0, 110.0, 500.0]));
         assert_eq!(s["idle_ms_samples"], json!([2.0, 2.5, 3.0]));
+    }
+
+    #[test]
+    fn churn_and_app_samples_with_fault_figures_are_judged_by_their_own() {
+        for (step, field) in [("churn", "throughput_mib_s"), ("app", "wall_ms")] {
+            let steps: Vec<Step> = steps(args())
+                .into_iter()
+                .filter(|s| s.name == step)
+                .collect();
+            // Same figure; the second spent 5 µs per page its faults do not explain.
+            let sample = |cpu_ms: f64| {
+                json!({ field: 100.0, "idle_ms": 1.0, "cpu_ms": cpu_ms,
+                        "minor_faults": 0, "pages_touched": 16384 })
+            };
+            let results = BTreeMap::from([(
+                step.to_string(),
+                BTreeMap::from([("glibc", vec![sample(1.0), sample(82.0)])]),
+            )]);
+            let s = summarise(&results, &steps)[step]["glibc"].clone();
+            assert_eq!(s["cold_samples"], json!(1), "{step}: {s}");
+            assert_eq!(
+                s["cold_by"],
+                json!("own minor faults and CPU time"),
+                "{step}: {s}"
+            );
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use zeronce_lib::ProcessBackend;
 use zeronce_mem::{in_backend, LargeAlloc};
 
 use crate::config::{Config, Host};
-use crate::stderr::write_stderr;
+use crate::stderr::{keep_stderr_for_report, write_report};
 
 /// Arenas a process may have: its own, and one more in each generation of `fork`
 /// children (a child cannot use its parent's: see [`Runtime::fork_child`]). Past the last
@@ -80,6 +80,9 @@ fn init() -> Option<&'static Runtime> {
 
 impl Runtime {
     fn new(config: Config) -> Runtime {
+        if config.show_stats {
+            keep_stderr_for_report();
+        }
         // Each creates its arena only at its first large allocation.
         let backends = std::array::from_fn(|_| {
             let backend = ProcessBackend::new().threshold(config.threshold);
@@ -249,7 +252,7 @@ impl Runtime {
     /// Prints the report if `ZERONCE_SHOW_STATS` asked for it.
     pub fn report_at_exit(&self) {
         if self.config.show_stats {
-            write_stderr(self.report().as_bytes());
+            write_report(self.report().as_bytes());
         }
     }
 

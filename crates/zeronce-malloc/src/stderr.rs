@@ -24,7 +24,7 @@ const REPORT_FD_MIN: i32 = 300;
 fn identity(f: impl AsFd) -> Option<(u64, u64)> {
     rustix::fs::fstat(f)
         .ok()
-        .map(|st| (st.st_dev as u64, st.st_ino as u64))
+        .map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Keeps a close-on-exec copy of stderr for [`write_report`] (once; a failure leaves the

@@ -178,7 +178,12 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
     // 1 GiB (quick) or 2 GiB written per sample, so the first round's faults on fresh
     // memory weigh little.
     let hot_mib = a.common.pick(None, 1024, 2048);
-    for (mib, name) in [(2, "hot_2mib"), (8, "hot_8mib"), (32, "hot_32mib")] {
+    for (mib, name) in [
+        (2, "hot_2mib"),
+        (4, "hot_4mib"),
+        (8, "hot_8mib"),
+        (32, "hot_32mib"),
+    ] {
         let rounds = (hot_mib / mib).max(20).to_string();
         v.push(step(
             name,

@@ -22,9 +22,7 @@ static REPORT_TO: OnceLock<Option<(File, (u64, u64))>> = OnceLock::new();
 const REPORT_FD_MIN: i32 = 300;
 
 fn identity(f: impl AsFd) -> Option<(u64, u64)> {
-    rustix::fs::fstat(f)
-        .ok()
-        .map(|st| (st.st_dev, st.st_ino))
+    rustix::fs::fstat(f).ok().map(|st| (st.st_dev, st.st_ino))
 }
 
 /// Keeps a close-on-exec copy of stderr for [`write_report`] (once; a failure leaves the

@@ -65,6 +65,12 @@ pub const TARGETS: &[Target] = &[
         absolute: false,
     },
     Target {
+        step: "hot_4mib",
+        limit: 1.05,
+        what: "a cache-hot 4 MiB buffer reused: CPU <= 1.05x the best peer",
+        absolute: false,
+    },
+    Target {
         step: "hot_8mib",
         limit: 1.05,
         what: "a cache-hot 8 MiB buffer reused: CPU <= 1.05x the best peer",

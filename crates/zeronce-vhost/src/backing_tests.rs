@@ -67,21 +67,7 @@ impl Guest {
         send(&s, SET_PROTOCOL_FEATURES, 0, &u64_payload(1 << 3), &[]); // REPLY_ACK
         send(&s, SET_FEATURES, NEED_REPLY, &u64_payload(FEATURES), &[]);
         assert_eq!(ack(&s, SET_FEATURES), 0);
-        let fd = OwnedFd::from(file.try_clone().unwrap());
-        send(
-            &s,
-            wire::SET_MEM_TABLE,
-            NEED_REPLY,
-            &mem_table(SIZE, 1),
-            &[fd],
-        );
-        assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
-        let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
-            GuestAddress(0),
-            SIZE as usize,
-            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-        )])
-        .unwrap();
+        let mem = share_memory(&s, &file, NEED_REPLY);
         let rings: Vec<Ring> = (0..3).map(|i| Ring::nth(&mem, i)).collect();
         for (i, r) in rings.iter().enumerate() {
             start_ring(&s, i as u32, r, 0);
@@ -147,6 +133,27 @@ impl Guest {
     pub(crate) fn allocated(&self) -> u64 {
         file_allocated_bytes(&self.file).unwrap()
     }
+}
+
+/// Guest RAM at guest address 0: all of `file` (as the test's side maps it).
+pub(crate) fn guest_mem(file: &File) -> GuestMemoryMmap {
+    GuestMemoryMmap::<()>::from_ranges_with_files([(
+        GuestAddress(0),
+        SIZE as usize,
+        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+    )])
+    .unwrap()
+}
+
+/// SET_MEM_TABLE of one region, all of `file` at guest address 0, header `flags` (with
+/// [`NEED_REPLY`], checks the ack): the test's own mapping of it.
+pub(crate) fn share_memory(s: &UnixStream, file: &File, flags: u32) -> GuestMemoryMmap {
+    let fd = OwnedFd::from(file.try_clone().unwrap());
+    send(s, wire::SET_MEM_TABLE, flags, &mem_table(SIZE, 1), &[fd]);
+    if flags & NEED_REPLY != 0 {
+        assert_eq!(ack(s, wire::SET_MEM_TABLE), 0);
+    }
+    guest_mem(file)
 }
 
 /// A memfd of guest RAM.

@@ -59,6 +59,8 @@ mod protocol_tests;
 #[cfg(test)]
 mod restart_tests;
 #[cfg(test)]
+mod rust_vmm_frontend_tests;
+#[cfg(test)]
 mod soak_tests;
 #[cfg(test)]
 mod vmm_tests;

@@ -81,40 +81,82 @@ pub(crate) fn eventfd() -> OwnedFd {
     rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap()
 }
 
-fn vring_msg(s: &UnixStream, request: u32, index: u32, num: u32) {
-    let p = [index.to_le_bytes(), num.to_le_bytes()].concat();
-    send(s, request, NEED_REPLY, &p, &[]);
-    assert_eq!(ack(s, request), 0, "request {request} on ring {index}");
+/// One of the per-ring setup messages a front-end sends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RingMsg {
+    /// SET_VRING_NUM: the ring's size ([`QSIZE`]).
+    Num,
+    /// SET_VRING_ADDR: the rings' addresses in the front-end's mapping.
+    Addr,
+    /// SET_VRING_BASE: the index to start from.
+    Base,
+    /// SET_VRING_CALL: the ring's call eventfd.
+    Call,
+    /// SET_VRING_KICK: the ring's kick eventfd.
+    Kick,
+    /// SET_VRING_ENABLE 1.
+    Enable,
 }
 
-/// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK, _ENABLE for ring `index`, from `base`.
+/// QEMU's per-ring order (`vhost_virtqueue_start`, then `vhost_user_set_vring_enable`).
+pub(crate) const QEMU_RING_ORDER: [RingMsg; 6] = [
+    RingMsg::Num,
+    RingMsg::Addr,
+    RingMsg::Base,
+    RingMsg::Call,
+    RingMsg::Kick,
+    RingMsg::Enable,
+];
+
+/// Sends `order`'s messages for ring `index` (from `base`) with header `flags`; with
+/// [`NEED_REPLY`] in them, checks each is acknowledged with 0.
+pub(crate) fn setup_ring(
+    s: &UnixStream,
+    index: u32,
+    ring: &Ring,
+    base: u16,
+    order: &[RingMsg],
+    flags: u32,
+) {
+    let state = |num: u32| [index.to_le_bytes(), num.to_le_bytes()].concat();
+    for &m in order {
+        let (request, payload, fds) = match m {
+            RingMsg::Num => (SET_VRING_NUM, state(u32::from(QSIZE)), vec![]),
+            RingMsg::Addr => {
+                let a = ring.queue.addrs();
+                let mut p = Vec::new();
+                p.extend_from_slice(&index.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                for gpa in [a.desc, a.used, a.avail] {
+                    p.extend_from_slice(&(VA_BASE + gpa.0).to_le_bytes());
+                }
+                p.extend_from_slice(&0u64.to_le_bytes());
+                (SET_VRING_ADDR, p, vec![])
+            }
+            RingMsg::Base => (SET_VRING_BASE, state(u32::from(base)), vec![]),
+            RingMsg::Call => (
+                SET_VRING_CALL,
+                u64_payload(u64::from(index)),
+                vec![ring.call.try_clone().unwrap()],
+            ),
+            RingMsg::Kick => (
+                SET_VRING_KICK,
+                u64_payload(u64::from(index)),
+                vec![ring.kick.try_clone().unwrap()],
+            ),
+            RingMsg::Enable => (SET_VRING_ENABLE, state(1), vec![]),
+        };
+        send(s, request, flags, &payload, &fds);
+        if flags & NEED_REPLY != 0 {
+            assert_eq!(ack(s, request), 0, "{m:?} on ring {index}");
+        }
+    }
+}
+
+/// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK, _ENABLE for ring `index`, from `base`,
+/// each asking for a reply.
 pub(crate) fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
-    vring_msg(s, SET_VRING_NUM, index, u32::from(QSIZE));
-    let a = ring.queue.addrs();
-    let mut p = Vec::new();
-    p.extend_from_slice(&index.to_le_bytes());
-    p.extend_from_slice(&0u32.to_le_bytes());
-    for gpa in [a.desc, a.used, a.avail] {
-        p.extend_from_slice(&(VA_BASE + gpa.0).to_le_bytes());
-    }
-    p.extend_from_slice(&0u64.to_le_bytes());
-    send(s, SET_VRING_ADDR, NEED_REPLY, &p, &[]);
-    assert_eq!(ack(s, SET_VRING_ADDR), 0);
-    vring_msg(s, SET_VRING_BASE, index, u32::from(base));
-    for (request, fd) in [
-        (SET_VRING_CALL, ring.call.try_clone().unwrap()),
-        (SET_VRING_KICK, ring.kick.try_clone().unwrap()),
-    ] {
-        send(
-            s,
-            request,
-            NEED_REPLY,
-            &u64_payload(u64::from(index)),
-            &[fd],
-        );
-        assert_eq!(ack(s, request), 0);
-    }
-    vring_msg(s, SET_VRING_ENABLE, index, 1);
+    setup_ring(s, index, ring, base, &QEMU_RING_ORDER, NEED_REPLY);
 }
 
 /// GET_VRING_BASE of ring `index`: the index the back-end answers.
@@ -126,11 +168,16 @@ pub(crate) fn stop_ring(s: &UnixStream, index: u32) -> u32 {
     u32::from_le_bytes(r[4..8].try_into().unwrap())
 }
 
+/// Sends one PFN (written at 2 MiB) on `ring`, kicked; waits until the device used it.
+pub(crate) fn send_pfn(mem: &GuestMemoryMmap, ring: &mut Ring, pfn: u32) {
+    let pfns = GuestAddress(0x20_0000);
+    vm_memory::Bytes::write_slice(mem, &pfn.to_le_bytes(), pfns).unwrap();
+    assert_eq!(ring.roundtrip(mem, &[DriverBuf::read(pfns.0, 4)]), 0);
+}
+
 /// A one-PFN deflate on ring 1, kicked; waits until the device used it.
 fn deflate(mem: &GuestMemoryMmap, ring: &mut Ring) {
-    let pfns = GuestAddress(0x20_0000);
-    vm_memory::Bytes::write_slice(mem, &0x300u32.to_le_bytes(), pfns).unwrap();
-    assert_eq!(ring.roundtrip(mem, &[DriverBuf::read(pfns.0, 4)]), 0);
+    send_pfn(mem, ring, 0x300);
 }
 
 #[test]

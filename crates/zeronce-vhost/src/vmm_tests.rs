@@ -5,7 +5,8 @@
 //! `read_config`/`write_config`, `activate`) and QEMU's generic vhost-user device
 //! (`hw/virtio/vhost-user-base.c` over `hw/virtio/vhost-user.c`'s
 //! `vhost_user_backend_init` and `vhost_dev_init`), plus Linux `virtio_uml` re-sending
-//! `SET_FEATURES` when the balloon driver drops `PAGE_POISON`.
+//! `SET_FEATURES` when the balloon driver drops `PAGE_POISON`. libkrun's and
+//! cloud-hypervisor's (rust-vmm `vhost` front-ends): `rust_vmm_frontend_tests`.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -14,11 +15,11 @@ use crate::protocol_tests::{
     ack, mem_table, reply, send, u64_payload, Daemon, GET_CONFIG, GET_FEATURES,
     GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
+use crate::restart_tests::SET_VRING_NUM;
 use crate::wire;
 
 pub(crate) const GET_QUEUE_NUM: u32 = 17;
-const SET_VRING_NUM: u32 = 8;
-const SET_CONFIG: u32 = 25;
+pub(crate) const SET_CONFIG: u32 = 25;
 
 // Protocol feature bits.
 pub(crate) const MQ: u64 = 1 << 0;
@@ -32,15 +33,15 @@ const DEVICE_STATE: u64 = 1 << 19;
 const SHMEM: u64 = 1 << 22;
 
 // Virtio feature bits.
-const MUST_TELL_HOST: u64 = 1 << 0;
-const STATS_VQ: u64 = 1 << 1;
-const PAGE_POISON: u64 = 1 << 4;
-const REPORTING: u64 = 1 << 5;
-const VERSION_1: u64 = 1 << 32;
+pub(crate) const MUST_TELL_HOST: u64 = 1 << 0;
+pub(crate) const STATS_VQ: u64 = 1 << 1;
+pub(crate) const PAGE_POISON: u64 = 1 << 4;
+pub(crate) const REPORTING: u64 = 1 << 5;
+pub(crate) const VERSION_1: u64 = 1 << 32;
 pub(crate) const PROTOCOL_FEATURES: u64 = 1 << 30;
 
 /// `VHOST_USER_CONFIG_WRITABLE`: crosvm's flag on `GET_CONFIG`.
-const CONFIG_WRITABLE: u32 = 1;
+pub(crate) const CONFIG_WRITABLE: u32 = 1;
 const POISON: u32 = 0xaaaa_aaaa;
 
 pub(crate) fn get_u64(s: &UnixStream, request: u32) -> u64 {
@@ -48,7 +49,7 @@ pub(crate) fn get_u64(s: &UnixStream, request: u32) -> u64 {
     u64::from_le_bytes(reply(s, request)[..8].try_into().unwrap())
 }
 
-fn config_msg(offset: u32, flags: u32, data: &[u8]) -> Vec<u8> {
+pub(crate) fn config_msg(offset: u32, flags: u32, data: &[u8]) -> Vec<u8> {
     let mut p = Vec::new();
     for v in [offset, data.len() as u32, flags] {
         p.extend_from_slice(&v.to_le_bytes());

@@ -69,4 +69,5 @@ pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Returned, Served, T
 pub use events::ZeroableEvent;
 pub use state::{PageCounts, PoolCounters};
 pub use stats::Stats;
+pub use usage::FileUser;
 pub use worker::{parse_cpu_list, WorkerConfig};

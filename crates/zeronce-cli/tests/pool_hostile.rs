@@ -14,17 +14,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::pool::{check_zero_then_write, counter, map, open, Daemon, Raw, PAGE, PAGES};
-
-fn take(bytes: usize) -> Value {
-    json!({"op": "take", "bytes": bytes, "wait": true})
-}
-
-fn refused(reply: &Option<Value>, kind: &str) -> bool {
-    reply
-        .as_ref()
-        .is_some_and(|r| r["ok"] == false && r["error"] == kind)
-}
+use common::pool::{
+    check_zero_then_write, counter, map, open, pool_as_nobody, refused, take, Daemon, Raw, PAGE,
+    PAGES,
+};
 
 #[test]
 #[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
@@ -365,28 +358,6 @@ fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() 
         after.2 <= before.2 + 1024,
         "RSS grew by more than 1 MiB: {before:?} -> {after:?}"
     );
-}
-
-/// `zeronce pool ARGS` run as user and group 65534 (nobody) through `setpriv`; `None`
-/// when this test cannot change users (not root, or no `setpriv`).
-fn pool_as_nobody(args: &[&str], socket: &std::path::Path) -> std::process::Output {
-    let setpriv = std::process::Command::new("setpriv")
-        .arg("--version")
-        .output();
-    assert!(
-        rustix::process::geteuid().is_root() && setpriv.is_ok(),
-        "this test needs root and setpriv (util-linux) to connect as another user: run it as root, as .ci/run does"
-    );
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_zeronce"))
-        .arg("pool")
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap();
-    out
 }
 
 /// The samples of the pool's Prometheus page, by name (with labels), its form checked by

@@ -330,8 +330,8 @@ fn serve_lines(
     };
     loop {
         // A connection holding a file may stay silent as long as it likes.
-        let deadline =
-            (!pool.held_by(conn.id) && leases.is_empty()).then(|| Instant::now() + limits.idle_timeout);
+        let deadline = (!pool.held_by(conn.id) && leases.is_empty())
+            .then(|| Instant::now() + limits.idle_timeout);
         let line = lines.next_line(deadline, |left| stream.set_read_timeout(left))?;
         let line = match line {
             Line::Eof => return Ok(()),

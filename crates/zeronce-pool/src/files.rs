@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{fallocate, fstat, FallocateFlags};
 use rustix::io::Errno;
 use zeronce_mem::{
-    BackingKind, GuestRam, HugePageSize, HugetlbPoolCounters, LeaseError, LeaseProbe,
-    LeaseState, RamError,
+    BackingKind, GuestRam, HugePageSize, HugetlbPoolCounters, LeaseError, LeaseProbe, LeaseState,
+    RamError,
 };
 
 use crate::state::{FileId, PageIndex};
@@ -266,9 +266,8 @@ impl PoolFiles {
     pub fn open_for_client(&self, file: FileId) -> Result<OwnedFd, FilesError> {
         use std::os::fd::AsRawFd;
         let own = format!("/proc/self/fd/{}", self.files[file.0].1.as_raw_fd());
-        let flags = rustix::fs::OFlags::RDWR
-            | rustix::fs::OFlags::CLOEXEC
-            | rustix::fs::OFlags::NONBLOCK;
+        let flags =
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK;
         rustix::fs::open(own.as_str(), flags, rustix::fs::Mode::empty()).map_err(|errno| {
             FilesError::Os {
                 call: "open",

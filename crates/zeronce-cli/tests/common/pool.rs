@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use zeronce_mem::{BackingKind, GuestRam, HugePageSize};
 use zeronce_pool::client::{Client, TakeOptions, TakenFile};
 use zeronce_pool::files::mount_from_env;
@@ -238,4 +238,38 @@ pub fn check_zero_then_write(ram: &mut GuestRam) {
 /// A counter of a `stats` reply.
 pub fn counter(stats: &Value, name: &str) -> u64 {
     stats["counters"][name].as_u64().unwrap()
+}
+
+/// A `take` request of `bytes`, waiting for a ready file.
+pub fn take(bytes: usize) -> Value {
+    json!({"op": "take", "bytes": bytes, "wait": true})
+}
+
+/// Whether `reply` is an error reply of `kind`.
+pub fn refused(reply: &Option<Value>, kind: &str) -> bool {
+    reply
+        .as_ref()
+        .is_some_and(|r| r["ok"] == false && r["error"] == kind)
+}
+
+/// `zeronce pool ARGS` run as user and group 65534 (nobody) through `setpriv`; fails the
+/// test saying what is missing when it cannot change users (not root, or no `setpriv`).
+pub fn pool_as_nobody(args: &[&str], socket: &std::path::Path) -> std::process::Output {
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output();
+    assert!(
+        rustix::process::geteuid().is_root() && setpriv.is_ok(),
+        "this test needs root and setpriv (util-linux) to connect as another user: run it as root, as .ci/run does"
+    );
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zeronce"))
+        .arg("pool")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    out
 }

@@ -242,10 +242,17 @@ fn zero_pages(
             break;
         }
         if paced {
-            let wait = shared.pace(page_bytes as u64);
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
+            // In slices, so an opener waits for the lease's break at most one slice.
+            let until = Instant::now() + shared.pace(page_bytes as u64);
+            while let Some(left) = until.checked_duration_since(Instant::now()) {
+                if left.is_zero() || lease.broken() || shared.stopping() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(100)));
             }
+        }
+        if shared.stopping() {
+            break;
         }
         if lease.broken() {
             outcome.in_use = true;

@@ -151,6 +151,29 @@ impl Daemon {
         line.split_whitespace().next().unwrap().parse().unwrap()
     }
 
+    /// The daemon's threads serving a client connection (named `zeronce-pool-client`,
+    /// which `comm` cuts to 15 bytes); a thread's connection is closed before it ends.
+    pub fn client_threads(&self) -> usize {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap();
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("zeronce-pool-cl"))
+            })
+            .count()
+    }
+
+    /// CPU time the daemon used so far (user and system, all threads), in clock ticks
+    /// (`/proc/PID/stat` fields 14 and 15; 100 a second on Linux).
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')').expect("a /proc stat line") + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    }
+
     /// The daemon's open descriptors.
     pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))

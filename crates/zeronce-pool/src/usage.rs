@@ -9,7 +9,7 @@
 //! not inspect; an io_uring registered file) and a mapping of any kind (it keeps its file
 //! open after the descriptor is closed). The check gives the lease back at once (an
 //! `open` while it is held would wait for it); the zeroing job takes it again before its
-//! first page and holds it to its last (`worker`), so an `open` of the file meanwhile
+//! first page and holds it until the pool state records the job's end (`worker`), so an `open` of the file meanwhile
 //! breaks it and the job stops: there is no window between the check and the zeroing.
 //!
 //! `/proc/PID/fd` (descriptors) and `/proc/PID/maps` (mappings) are still walked

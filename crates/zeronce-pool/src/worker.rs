@@ -58,8 +58,8 @@ pub(crate) struct JobOutcome {
 }
 
 /// The daemon's write lease on a job's file (see `usage`), held from before the job's
-/// first page to after its last: any `open` of the file meanwhile breaks it. Given back
-/// when dropped.
+/// first page until the pool state records the job's end (ready, or orphaned): any
+/// `open` of the file meanwhile breaks it. Given back when dropped.
 struct JobLease<'a> {
     files: &'a PoolFiles,
     file: FileId,
@@ -146,9 +146,19 @@ pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
 
 /// Runs `job` to its end (or `stop`), reporting to the pool; the file's new state.
 pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
-    let outcome = zero_job(shared, &job, paced);
+    // Held until the pool state says what became of the file.
+    let lease = JobLease::take(&shared.files, job.file);
+    let mut outcome = match &lease {
+        Some(lease) => zero_job(shared, &job, paced, lease),
+        None => JobOutcome {
+            in_use: true,
+            ..JobOutcome::default()
+        },
+    };
     let (file, by) = (job.file, job.by);
     let mut inner = shared.lock();
+    // Opened during the last page or since: zero, but someone has it.
+    outcome.in_use |= lease.as_ref().is_some_and(JobLease::broken);
     inner.pool.add_zeroing_time(outcome.zeroing_nanos);
     let finished = if outcome.in_use {
         tracing::warn!(
@@ -167,6 +177,9 @@ pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
         }
     };
     drop(inner);
+    // Given back once the state is recorded: an opener waiting on it finds the file
+    // orphaned (or, past the last check, ready like any free file).
+    drop(lease);
     tracing::info!(
         path = %shared.files.path(file).display(), ?by, zeroed = outcome.zeroed,
         repopulated = outcome.repopulated, ready = matches!(state, FileState::Ready | FileState::Held),
@@ -180,22 +193,15 @@ pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
 }
 
 /// Checks the job's file for holes (repopulating them) and zeroes its dirty pages,
-/// stopping between pages at shutdown, under the file's write lease: if someone else has
-/// the file open or opens it, nothing more is touched ([`JobOutcome::in_use`]). Reports
-/// every step to the pool state.
-fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
+/// stopping between pages at shutdown, under the file's write lease: if someone opens
+/// the file, nothing more is touched ([`JobOutcome::in_use`]). Reports every step to the
+/// pool state.
+fn zero_job(shared: &Shared, job: &Job, paced: bool, lease: &JobLease<'_>) -> JobOutcome {
     let mut outcome = JobOutcome::default();
-    let Some(lease) = JobLease::take(&shared.files, job.file) else {
-        outcome.in_use = true;
-        return outcome;
-    };
-    zero_pages(shared, job, paced, &lease, &mut outcome);
-    // Opened during the last page: zero now, but someone has it.
-    outcome.in_use |= lease.broken();
+    zero_pages(shared, job, paced, lease, &mut outcome);
     outcome
 }
 
-/// [`zero_job`]'s work, under `lease`.
 fn zero_pages(
     shared: &Shared,
     job: &Job,

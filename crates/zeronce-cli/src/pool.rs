@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// with one error line naming the process).
     #[arg(long, default_value_t = Limits::default().max_per_pid)]
     pub max_connections_per_pid: usize,
+    /// Connections one user (uid) may have served at once: one user's many processes
+    /// cannot take every slot from the others.
+    #[arg(long, default_value_t = Limits::default().max_per_uid)]
+    pub max_connections_per_uid: usize,
     /// A connection holding no file that sends no request for this long is closed,
     /// milliseconds.
     #[arg(long, default_value_t = Limits::default().idle_timeout.as_millis() as u64)]
@@ -222,6 +226,7 @@ fn serve(args: ServeArgs) -> PoolResult {
     let limits = Limits {
         max_connections: args.max_connections,
         max_per_pid: args.max_connections_per_pid,
+        max_per_uid: args.max_connections_per_uid,
         idle_timeout: Duration::from_millis(args.idle_timeout_ms),
         ..Limits::default()
     };

@@ -14,17 +14,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::pool::{check_zero_then_write, counter, map, open, Daemon, Raw, PAGE, PAGES};
-
-fn take(bytes: usize) -> Value {
-    json!({"op": "take", "bytes": bytes, "wait": true})
-}
-
-fn refused(reply: &Option<Value>, kind: &str) -> bool {
-    reply
-        .as_ref()
-        .is_some_and(|r| r["ok"] == false && r["error"] == kind)
-}
+use common::pool::{
+    check_zero_then_write, counter, map, open, pool_as_nobody, refused, take, Daemon, Raw, PAGE,
+    PAGES,
+};
 
 #[test]
 #[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
@@ -309,8 +302,7 @@ fn sigterm_in_the_middle_of_zeroing_loses_nothing_and_hands_out_no_half_zeroed_f
 #[ignore = "needs a hugetlbfs mount of 2 MiB pages in ZERONCE_HUGETLBFS_2M; .ci/run mounts one and runs it"]
 fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() {
     // Four clients at once, each a new session per cycle; six one-page files, so some
-    // are zeroed while four are taken. Each return walks /proc: four at once share the
-    // machine's cores better than one after the other.
+    // are zeroed while four are taken.
     const CLIENTS: usize = 4;
     const WARM_UP: usize = 100;
     const CYCLES: usize = 1250;
@@ -337,22 +329,20 @@ fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() 
     };
     let settle = |d: &mut Daemon| {
         d.wait_idle();
-        // Client threads end just after their connection's last reply.
-        d.wait_for(
-            |d| d.stats()["connections"]["open"] == 1,
-            "client threads done",
-        );
+        // Client threads end just after their connection's last reply (the last one
+        // is wait_idle's own): counted by name, not through another connection.
+        d.wait_for(|d| d.client_threads() == 0, "client threads done");
         (d.fds(), d.status("Threads"), d.status("VmRSS"))
     };
     run(&daemon, WARM_UP);
     let before = settle(&mut daemon);
-    let start = std::time::Instant::now();
+    let (start, cpu) = (std::time::Instant::now(), daemon.cpu_ticks());
     run(&daemon, CYCLES);
-    let elapsed = start.elapsed();
+    let (elapsed, cpu) = (start.elapsed(), daemon.cpu_ticks() - cpu);
     let after = settle(&mut daemon);
     let total = CLIENTS * CYCLES;
     eprintln!(
-        "soak: {total} sessions in {elapsed:?}; (fds, threads, RSS kB) {before:?} -> {after:?}"
+        "soak: {total} sessions in {elapsed:?}, daemon CPU {cpu} ticks; (fds, threads, RSS kB) {before:?} -> {after:?}"
     );
     let returns = counter(&daemon.stats(), "returns");
     assert_eq!(returns, (CLIENTS * (WARM_UP + CYCLES)) as u64);
@@ -365,28 +355,6 @@ fn thousands_of_take_return_sessions_keep_descriptors_threads_and_memory_flat() 
         after.2 <= before.2 + 1024,
         "RSS grew by more than 1 MiB: {before:?} -> {after:?}"
     );
-}
-
-/// `zeronce pool ARGS` run as user and group 65534 (nobody) through `setpriv`; `None`
-/// when this test cannot change users (not root, or no `setpriv`).
-fn pool_as_nobody(args: &[&str], socket: &std::path::Path) -> std::process::Output {
-    let setpriv = std::process::Command::new("setpriv")
-        .arg("--version")
-        .output();
-    assert!(
-        rustix::process::geteuid().is_root() && setpriv.is_ok(),
-        "this test needs root and setpriv (util-linux) to connect as another user: run it as root, as .ci/run does"
-    );
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_zeronce"))
-        .arg("pool")
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .unwrap();
-    out
 }
 
 /// The samples of the pool's Prometheus page, by name (with labels), its form checked by

@@ -21,6 +21,7 @@
 mod claims;
 mod discard;
 mod global;
+mod lease;
 mod ram;
 mod resident;
 mod shared;
@@ -31,6 +32,8 @@ mod zeroing;
 pub use discard::{Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
 /// A global allocator that sends large requests elsewhere.
 pub use global::{in_backend, Grant, LargeAlloc, SplitAlloc};
+/// Write leases: whether another open file description of a file exists.
+pub use lease::{lease_state, release_lease, take_write_lease, LeaseError, LeaseProbe, LeaseState};
 /// Guest RAM: a mapping of one backing kind, owned like a `Box<[u8]>`.
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 /// Readers of what the kernel holds resident.

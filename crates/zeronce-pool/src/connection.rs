@@ -15,9 +15,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use zeronce_types::sync::{self, lock};
 
+use zeronce_daemon::peer::Peer;
+
 use crate::daemon::Pool;
 use crate::proto::error_reply;
 use crate::requests;
+use crate::state::Connection;
 
 /// Bounds on the control socket's clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +32,10 @@ pub struct Limits {
     /// one more gets a `too_many_connections` error line naming the process and is
     /// closed, so one client reconnecting cannot take every slot.
     pub max_per_pid: usize,
+    /// Connections one user (the peer's uid) may have served at once; one more gets a
+    /// `too_many_connections` error line naming the user and is closed, so one user's
+    /// processes (many pids) cannot take every slot from the others.
+    pub max_per_uid: usize,
     /// A connection that holds no file it took and sends no complete line for this long
     /// gets an `idle_timeout` error line and is closed. A connection holding a file (a
     /// lease, or a take to return on it) is never timed out, nor is a `watch`.
@@ -45,6 +52,7 @@ impl Default for Limits {
         Limits {
             max_connections: 256,
             max_per_pid: 64,
+            max_per_uid: 128,
             idle_timeout: Duration::from_secs(60),
             max_line_bytes: 16 << 10,
             write_timeout: Duration::from_secs(10),
@@ -58,36 +66,39 @@ pub(crate) struct ConnectionCounters {
     pub(crate) accepted: AtomicU64,
     pub(crate) refused: AtomicU64,
     pub(crate) refused_per_pid: AtomicU64,
+    pub(crate) refused_per_uid: AtomicU64,
     pub(crate) timed_out: AtomicU64,
     pub(crate) lines_too_long: AtomicU64,
     pub(crate) bad_requests: AtomicU64,
 }
 
 /// The served connections (a clone of each stream, to close it at shutdown, and its
-/// peer's pid).
+/// peer).
 #[derive(Debug, Default)]
 pub(crate) struct Connections {
     next_id: AtomicU64,
-    open: Mutex<HashMap<u64, (UnixStream, i32)>>,
+    open: Mutex<HashMap<u64, (UnixStream, Peer)>>,
     closed: Condvar,
     pub(crate) counters: ConnectionCounters,
 }
 
 impl Connections {
-    /// Serves `stream` (from process `pid`) on a thread of its own, or refuses it (one
-    /// error line, closed) when `limits.max_connections` are served already, or
-    /// `limits.max_per_pid` of process `pid`.
+    /// Serves `stream` (from `peer`) on a thread of its own, or refuses it (one error
+    /// line, closed) when `limits.max_connections` are served already, or
+    /// `limits.max_per_pid` of its process, or `limits.max_per_uid` of its user.
     pub(crate) fn serve(
         self: &Arc<Self>,
         pool: &Arc<Pool>,
         stream: UnixStream,
-        pid: i32,
+        peer: Peer,
         limits: Limits,
     ) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (pid, uid) = (peer.pid, peer.uid);
         {
             let mut open = lock(&self.open);
-            let mine = || open.values().filter(|(_, p)| *p == pid).count();
+            let mine = || open.values().filter(|(_, p)| p.pid == pid).count();
+            let users = || open.values().filter(|(_, p)| p.uid == uid).count();
             let refusal = if open.len() >= limits.max_connections {
                 let msg = format!(
                     "{} connections are served already; try again later",
@@ -100,6 +111,12 @@ impl Connections {
                     limits.max_per_pid
                 );
                 Some((&self.counters.refused_per_pid, msg))
+            } else if users() >= limits.max_per_uid {
+                let msg = format!(
+                    "user {uid} has {} connections served already (--max-connections-per-uid); close one first",
+                    limits.max_per_uid
+                );
+                Some((&self.counters.refused_per_uid, msg))
             } else {
                 None
             };
@@ -109,6 +126,7 @@ impl Connections {
                 if zeronce_types::rate::log_this(n) {
                     tracing::warn!(
                         pid,
+                        uid,
                         refused = n,
                         "connection refused: {msg} (first 10 logged, then at each doubling)"
                     );
@@ -117,7 +135,7 @@ impl Connections {
                 return;
             }
             match stream.try_clone() {
-                Ok(clone) => open.insert(id, (clone, pid)),
+                Ok(clone) => open.insert(id, (clone, peer)),
                 Err(e) => {
                     tracing::warn!(%e, "connection dropped: cannot clone its socket");
                     return;
@@ -126,10 +144,11 @@ impl Connections {
         }
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         let (conns, pool) = (Arc::clone(self), Arc::clone(pool));
+        let conn = Connection { id, uid };
         let spawned = std::thread::Builder::new()
             .name("zeronce-pool-client".into())
             .spawn(move || {
-                if let Err(e) = serve_client(&pool, &conns, id, stream, limits) {
+                if let Err(e) = serve_client(&pool, &conns, conn, stream, limits) {
                     tracing::debug!(%e, "client connection ended");
                 }
                 conns.remove(id);
@@ -179,6 +198,7 @@ impl Connections {
         json!({
             "open": self.open(), "accepted": n(&c.accepted), "refused": n(&c.refused),
             "refused_per_pid": n(&c.refused_per_pid),
+            "refused_per_uid": n(&c.refused_per_uid),
             "timed_out": n(&c.timed_out), "lines_too_long": n(&c.lines_too_long),
             "bad_requests": n(&c.bad_requests),
         })
@@ -278,12 +298,12 @@ impl<R: Read> LineReader<R> {
 fn serve_client(
     pool: &Pool,
     conns: &Connections,
-    id: u64,
+    conn: Connection,
     stream: UnixStream,
     limits: Limits,
 ) -> std::io::Result<()> {
     let mut leases = Vec::new();
-    let result = serve_lines(pool, conns, id, &stream, limits, &mut leases);
+    let result = serve_lines(pool, conns, conn, &stream, limits, &mut leases);
     for file in leases {
         if let Err(e) = pool.end_lease(file) {
             tracing::error!(%e, "ending a lease failed");
@@ -295,7 +315,7 @@ fn serve_client(
 fn serve_lines(
     pool: &Pool,
     conns: &Connections,
-    id: u64,
+    conn: Connection,
     stream: &UnixStream,
     limits: Limits,
     leases: &mut Vec<crate::state::FileId>,
@@ -310,8 +330,8 @@ fn serve_lines(
     };
     loop {
         // A connection holding a file may stay silent as long as it likes.
-        let deadline =
-            (!pool.held_by(id) && leases.is_empty()).then(|| Instant::now() + limits.idle_timeout);
+        let deadline = (!pool.held_by(conn.id) && leases.is_empty())
+            .then(|| Instant::now() + limits.idle_timeout);
         let line = lines.next_line(deadline, |left| stream.set_read_timeout(left))?;
         let line = match line {
             Line::Eof => return Ok(()),
@@ -345,7 +365,7 @@ fn serve_lines(
         match crate::proto::Request::parse(text) {
             Ok(crate::proto::Request::Watch) => return requests::watch(pool, stream),
             Ok(request) => {
-                requests::answer(pool, &|| conns.to_json(), id, stream, request, leases)?
+                requests::answer(pool, &|| conns.to_json(), conn, stream, request, leases)?
             }
             Err(e) => bad(&e.to_string())?,
         }

@@ -15,9 +15,9 @@ use crate::events::ZeroableEvent;
 use crate::files::{FilesError, PoolFiles};
 use crate::persist;
 use crate::shared::Shared;
-use crate::state::{Claim, FileId, FileState, Owner, PoolState, StateError, Take};
+use crate::state::{Claim, Connection, FileId, FileState, Owner, PoolState, StateError, Take};
 use crate::stats::Stats;
-use crate::usage::{usage, Usage};
+use crate::usage::{other_user, FileUser};
 use crate::worker::{self, WorkerConfig};
 
 /// What a pool is made of.
@@ -108,10 +108,9 @@ pub struct Taken {
 pub struct Returned {
     /// The file's path.
     pub path: PathBuf,
-    /// A process other than the daemon that still had it open or mapped (`Some(0)`:
-    /// its users could not be checked). Such a file is held as orphaned, never zeroed,
-    /// until no process uses it; `None`: it is dirty work now.
-    pub in_use_by: Option<u32>,
+    /// Who else still had it open or mapped. Such a file is held as orphaned, never
+    /// zeroed, until nobody uses it; `None`: it is dirty work now.
+    pub in_use: Option<FileUser>,
 }
 
 /// What a `prezero` request did.
@@ -167,17 +166,17 @@ impl Pool {
         let pages_per_file = u32::try_from(config.file_bytes / page)
             .map_err(|_| PoolError::Config("too many pages per file".into()))?;
         let mut pool = PoolState::new(page, pages_per_file, names);
-        for (name, token) in persist::load_tokens(&config.state_file) {
+        for (name, (token, uid)) in persist::load_tokens(&config.state_file) {
             if let Some(file) = pool.find(&name) {
-                pool.restore_token(file, token);
+                pool.restore_token(file, token, uid);
             }
         }
         // A file to be zeroed that a process still has open or mapped (its record was
         // lost, or the state file is for another size): held until unused.
         for file in (0..pool.file_count()).map(FileId) {
             if matches!(pool.state(file), FileState::Dirty { .. }) {
-                if let Some(pid) = user(&files.path(file)) {
-                    tracing::warn!(path = %files.path(file).display(), pid, "file in use at start: held as orphaned until unused");
+                if let Some(user) = other_user(&files, file, true) {
+                    tracing::warn!(path = %files.path(file).display(), ?user, "file in use at start: held as orphaned until unused");
                     pool.hold_until_unused(file)?;
                 }
             }
@@ -229,13 +228,13 @@ impl Pool {
     }
 
     /// [`Pool::take`] for a client on `connection` (`None`: in-process): the file is
-    /// that connection's, and the holder's of the token in the answer
-    /// ([`Pool::return_file`]).
+    /// that connection's, and the holder's of the token in the answer if it is of the
+    /// connection's user ([`Pool::return_file`]).
     pub fn take_by(
         &self,
         bytes: u64,
         wait: bool,
-        connection: Option<u64>,
+        connection: Option<Connection>,
     ) -> Result<Taken, PoolError> {
         let s = &self.shared;
         let token = new_token().map_err(PoolError::Random)?;
@@ -249,8 +248,14 @@ impl Pool {
                 Ok(Take::ZeroInline(job)) => {
                     drop(inner);
                     let file = job.file;
-                    if worker::run_job(s, job, false) != FileState::Held {
-                        return Err(PoolError::Interrupted(s.files.path(file)));
+                    match worker::run_job(s, job, false) {
+                        FileState::Held => {}
+                        // Opened by someone meanwhile: held until unused; try another.
+                        FileState::Orphaned => {
+                            inner = s.lock();
+                            continue;
+                        }
+                        _ => return Err(PoolError::Interrupted(s.files.path(file))),
                     }
                     inner = s.lock();
                     break (file, Served::ZeroedInline);
@@ -263,7 +268,8 @@ impl Pool {
         };
         let bytes = inner.pool.file_bytes();
         let owner = Owner {
-            connection,
+            connection: connection.map(|c| c.id),
+            uid: connection.map(|c| c.uid),
             token: token.clone(),
         };
         inner.pool.set_owner(file, owner)?;
@@ -289,11 +295,11 @@ impl Pool {
 
     /// `claim` returns a file by path (or name); `None`: the embedding process, which may
     /// return any taken file. A client may return only a file it took: on the same
-    /// connection, or with the token of the take ([`StateError::NotOwner`] otherwise).
-    /// Before anything is zeroed the daemon looks for other processes that still have the
-    /// file open or mapped (`/proc`): if one does, the file is held as orphaned, never
-    /// zeroed, and reclaimed once unused ([`Pool::reclaim_orphans`]); else the workers
-    /// re-zero it.
+    /// connection, or with the token of the take from the taker's user
+    /// ([`StateError::NotOwner`] otherwise). Before anything is zeroed the daemon looks
+    /// whether anyone else still has the file open or mapped (its write lease; see
+    /// `usage`): if so, the file is held as orphaned, never zeroed, and reclaimed once
+    /// unused ([`Pool::reclaim_orphans`]); else the workers re-zero it.
     pub fn return_file(
         &self,
         path: &Path,
@@ -310,23 +316,24 @@ impl Pool {
             .ok_or_else(|| StateError::Unknown(path.display().to_string()))?;
         let file = s.lock().pool.check_return(name, claim)?;
         let path = s.files.path(file);
-        // Outside the lock (it reads /proc); the file stays taken meanwhile.
-        let in_use_by = user(&path);
+        // Outside the lock (a busy file's user is looked for in /proc); the file stays
+        // taken meanwhile.
+        let in_use = other_user(&s.files, file, true);
         {
             let mut inner = s.lock();
-            inner.pool.return_file(name, claim, in_use_by.is_some())?;
+            inner.pool.return_file(name, claim, in_use.is_some())?;
             s.zeroable_grew(&mut inner);
         }
         s.changed.notify_all();
         s.persist()?;
-        match in_use_by {
+        match in_use {
             None => tracing::info!(path = %path.display(), "file returned"),
-            Some(pid) => tracing::warn!(
-                path = %path.display(), pid,
+            Some(user) => tracing::warn!(
+                path = %path.display(), ?user,
                 "file returned while another process has it open or mapped: held as orphaned until unused"
             ),
         }
-        Ok(Returned { path, in_use_by })
+        Ok(Returned { path, in_use })
     }
 
     /// Whether `connection` holds a file it took (and has not returned).
@@ -352,19 +359,17 @@ impl Pool {
         Ok(())
     }
 
-    /// Checks every orphaned file for processes that have it open or mapped (`/proc`),
-    /// and reclaims those none has as dirty work. Returns how many stay orphaned.
+    /// Checks every orphaned file for other users (its write lease; `/proc` only where
+    /// leases are not available), and reclaims those nobody uses as dirty work. Returns
+    /// how many stay orphaned.
     pub fn reclaim_orphans(&self) -> Result<usize, PoolError> {
         let s = &self.shared;
         let orphans = s.lock().pool.orphans();
         let mut left = 0;
         for file in orphans {
             let path = self.path(file);
-            match crate::usage::usage(&path) {
-                Ok(crate::usage::Usage::Unused { not_inspected }) => {
-                    if not_inspected > 0 {
-                        tracing::debug!(not_inspected, "processes not inspected for orphan users");
-                    }
+            match other_user(&s.files, file, false) {
+                None => {
                     let mut inner = s.lock();
                     // Returned meanwhile: nothing to reclaim.
                     if inner.pool.reclaim(file).is_ok() {
@@ -374,12 +379,8 @@ impl Pool {
                         tracing::info!(path = %path.display(), "orphaned file unused: reclaimed");
                     }
                 }
-                Ok(user) => {
+                Some(user) => {
                     tracing::debug!(path = %path.display(), ?user, "orphaned file still in use");
-                    left += 1;
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), %e, "cannot check an orphaned file's users");
                     left += 1;
                 }
             }
@@ -431,9 +432,10 @@ impl Pool {
         self.shared.files.path(file)
     }
 
-    /// A new descriptor of a file (to pass to its client).
-    pub fn dup(&self, file: FileId) -> Result<std::os::fd::OwnedFd, PoolError> {
-        Ok(self.shared.files.dup(file)?)
+    /// A new descriptor of a file, of an open file description of its own (to pass to
+    /// its client: a `dup` of the daemon's would hide the client from the in-use check).
+    pub fn client_fd(&self, file: FileId) -> Result<std::os::fd::OwnedFd, PoolError> {
+        Ok(self.shared.files.open_for_client(file)?)
     }
 
     /// Events from now on (rate-limited; see [`ZeroableEvent`]).
@@ -474,19 +476,6 @@ impl Pool {
             let _ = t.join();
         }
         Ok(self.shared.persist()?)
-    }
-}
-
-/// A process other than this one that has `path` open or mapped (`Some(0)`: the check
-/// failed, which counts as in use).
-fn user(path: &Path) -> Option<u32> {
-    match usage(path) {
-        Ok(Usage::Unused { .. }) => None,
-        Ok(Usage::UsedBy(pid)) => Some(pid),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), %e, "cannot check a file's users: held until checked");
-            Some(0)
-        }
     }
 }
 

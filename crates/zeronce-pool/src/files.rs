@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{fallocate, fstat, FallocateFlags};
 use rustix::io::Errno;
-use zeronce_mem::{BackingKind, GuestRam, HugePageSize, HugetlbPoolCounters, RamError};
+use zeronce_mem::{
+    BackingKind, GuestRam, HugePageSize, HugetlbPoolCounters, LeaseError, LeaseProbe, LeaseState,
+    RamError,
+};
 
 use crate::state::{FileId, PageIndex};
 
@@ -255,7 +258,48 @@ impl PoolFiles {
         &self.dir
     }
 
-    /// A new descriptor of a file (for passing to a client).
+    /// A new open file description of a file, read-write (for passing to a client): not a
+    /// `dup` of the daemon's own, which the write lease ([`PoolFiles::lease`]) could not
+    /// tell apart from the daemon's. Opened through `/proc/self/fd` (the same inode,
+    /// whatever its path became) and `O_NONBLOCK`, so a lease still held fails the open
+    /// instead of waiting for its break.
+    pub fn open_for_client(&self, file: FileId) -> Result<OwnedFd, FilesError> {
+        use std::os::fd::AsRawFd;
+        let own = format!("/proc/self/fd/{}", self.files[file.0].1.as_raw_fd());
+        let flags =
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK;
+        rustix::fs::open(own.as_str(), flags, rustix::fs::Mode::empty()).map_err(|errno| {
+            FilesError::Os {
+                call: "open",
+                path: self.path(file),
+                errno,
+            }
+        })
+    }
+
+    /// Asks for the write lease on the daemon's own descriptor of a file: granted
+    /// ([`LeaseProbe::Held`]) only when no other open file description of it exists
+    /// anywhere — a descriptor in any process or in flight in a socket, a mapping of any
+    /// kind (see `zeronce_mem`'s lease docs). Held, any later `open` of the file breaks
+    /// it ([`PoolFiles::lease_state`]).
+    pub fn lease(&self, file: FileId) -> Result<LeaseProbe, LeaseError> {
+        zeronce_mem::take_write_lease(self.files[file.0].1.as_fd())
+    }
+
+    /// The daemon's lease on a file now.
+    pub fn lease_state(&self, file: FileId) -> std::io::Result<LeaseState> {
+        zeronce_mem::lease_state(self.files[file.0].1.as_fd())
+    }
+
+    /// Gives up the daemon's lease on a file, if it holds one.
+    pub fn release_lease(&self, file: FileId) {
+        if let Err(e) = zeronce_mem::release_lease(self.files[file.0].1.as_fd()) {
+            tracing::warn!(path = %self.path(file).display(), %e, "releasing a file's lease");
+        }
+    }
+
+    /// A new descriptor of the daemon's own open file description of a file (for its
+    /// own mappings: a `dup` does not count against the lease).
     pub fn dup(&self, file: FileId) -> Result<OwnedFd, FilesError> {
         rustix::io::fcntl_dupfd_cloexec(self.files[file.0].1.as_fd(), 0).map_err(|errno| {
             FilesError::Os {

@@ -20,9 +20,9 @@
 //!   free: after a crash, every file not recorded zero is checked and zeroed again, and a
 //!   file recorded held stays its client's until returned;
 //! * a take may be a lease on the client's connection ([`Pool::lease`]): if the
-//!   connection closes without a return, the file is orphaned — never zeroed while a
-//!   process still has it open or mapped (`/proc`), reclaimed once none has
-//!   ([`Pool::reclaim_orphans`]);
+//!   connection closes without a return, the file is orphaned — never zeroed while
+//!   anyone else still has it open, mapped or in flight in a socket (the daemon's write
+//!   lease on the file), reclaimed once nobody has ([`Pool::reclaim_orphans`]);
 //! * "zeroable pages appeared" events, rate-limited ([`Pool::subscribe`]).
 //!
 //! How this fits the rest of zeronce (the huge-page pre-zeroing design, the words used)
@@ -41,8 +41,8 @@
 //!
 //! Inside, apart from those: the handle (`daemon`) over the state its threads share
 //! (`shared`), the zeroing of jobs on workers or on a requesting thread (`worker`), the
-//! bandwidth cap (`pacer`), the events (`events`), the `/proc` check of a returned or
-//! orphaned file's users (`usage`), one client connection and the bounds on all of them
+//! bandwidth cap (`pacer`), the events (`events`), the in-use check of a returned or
+//! orphaned file (`usage`: a write lease; `/proc` to name a user), one client connection and the bounds on all of them
 //! (`connection`, its [`server::Limits`]), the answers to its requests (`requests`), the
 //! Prometheus page (`metrics`, [`server::Server::with_metrics`]).
 #![forbid(unsafe_code)]
@@ -69,4 +69,5 @@ pub use daemon::{Pool, PoolConfig, PoolError, PrezeroReport, Returned, Served, T
 pub use events::ZeroableEvent;
 pub use state::{PageCounts, PoolCounters};
 pub use stats::Stats;
+pub use usage::FileUser;
 pub use worker::{parse_cpu_list, WorkerConfig};

@@ -43,7 +43,7 @@ pub(crate) fn render(stats: &Stats, conns: &Connections, refused_peers: u64) -> 
     let bytes = |pages: u64| pages.saturating_mul(stats.page_bytes);
     let k = &conns.counters;
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let counters: [(&str, &str, u64); 22] = [
+    let counters: [(&str, &str, u64); 24] = [
         ("zeronce_pool_takes_total", "Files handed out.", c.takes),
         ("zeronce_pool_takes_prezeroed_total", "Takes served with a file zeroed beforehand.", c.takes_prezeroed),
         ("zeronce_pool_takes_zeroed_inline_total", "Takes that waited while the file was zeroed on the request.", c.takes_zeroed_inline),
@@ -57,12 +57,14 @@ pub(crate) fn render(stats: &Stats, conns: &Connections, refused_peers: u64) -> 
         ("zeronce_pool_jobs_interrupted_total", "Zeroing jobs stopped between two pages (shutdown).", c.jobs_interrupted),
         ("zeronce_pool_leases_orphaned_total", "Leased files whose connection closed without a return.", c.leases_orphaned),
         ("zeronce_pool_orphans_reclaimed_total", "Orphaned files reclaimed once no process had them open or mapped.", c.orphans_reclaimed),
-        ("zeronce_pool_orphan_checks_total", "Checks of orphaned files' users (/proc).", stats.orphan_checks),
+        ("zeronce_pool_jobs_found_in_use_total", "Zeroing jobs stopped because someone opened their file (its write lease broke): the file held as orphaned.", c.jobs_found_in_use),
+        ("zeronce_pool_orphan_checks_total", "Checks of orphaned files' users (their write lease; /proc where leases are not available).", stats.orphan_checks),
         ("zeronce_pool_events_total", "\"Zeroable pages appeared\" events delivered.", stats.events),
         ("zeronce_pool_refused_peers_total", "Connections closed because their peer's user is not allowed (SO_PEERCRED).", refused_peers),
         ("zeronce_pool_connections_total", "Client connections served.", n(&k.accepted)),
         ("zeronce_pool_refused_connections_total", "Connections refused at --max-connections.", n(&k.refused)),
         ("zeronce_pool_refused_per_process_connections_total", "Connections refused because their process had --max-connections-per-pid already.", n(&k.refused_per_pid)),
+        ("zeronce_pool_refused_per_user_connections_total", "Connections refused because their user had --max-connections-per-uid already.", n(&k.refused_per_uid)),
         ("zeronce_pool_idle_timeouts_total", "Connections closed after --idle-timeout-ms without a request.", n(&k.timed_out)),
         ("zeronce_pool_lines_too_long_total", "Request lines longer than the limit (skipped).", n(&k.lines_too_long)),
         ("zeronce_pool_bad_requests_total", "Requests answered bad_request.", n(&k.bad_requests)),

@@ -5,12 +5,14 @@
 //! reached the page cache; so a take costs no disk flush.
 //!
 //! Format (JSON, one object): `{"version":1,"page_bytes":P,"file_bytes":S,
-//! "files":{"NAME":"zero"|"held"|"orphaned"|"dirty"},"tokens":{"NAME":"TOKEN"}}`. A record
+//! "files":{"NAME":"zero"|"held"|"orphaned"|"dirty"},"tokens":{"NAME":"TOKEN"},
+//! "token_uids":{"NAME":UID}}`. A record
 //! for another page or file size, an unreadable or unparsable file are ignored with a
 //! warning: every file is then dirty (not provably zero), which costs zeroing, never
 //! correctness. `tokens` (absent in files written before tokens existed) are the secrets
 //! of taken files' takes, so a client can still return its file after a restart; the file
-//! is created mode 0600 for them.
+//! is created mode 0600 for them. `token_uids` (absent before tokens were bound to their
+//! taker's user) are the uids of the connections that took them.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -69,8 +71,9 @@ pub fn parse(text: &str, page_bytes: u64, file_bytes: u64) -> Option<HashMap<Str
         .collect()
 }
 
-/// The tokens of a state file, by file name (empty when there is none or no usable one).
-pub fn load_tokens(path: &Path) -> HashMap<String, String> {
+/// The tokens of a state file and their takers' uids, by file name (empty when there is
+/// none or no usable one; no uid for a token recorded without one).
+pub fn load_tokens(path: &Path) -> HashMap<String, (String, Option<u32>)> {
     let Some(v) = std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -80,9 +83,13 @@ pub fn load_tokens(path: &Path) -> HashMap<String, String> {
     let Some(tokens) = v["tokens"].as_object() else {
         return HashMap::new();
     };
+    let uid = |name: &str| {
+        let uid = v["token_uids"][name].as_u64()?;
+        u32::try_from(uid).ok()
+    };
     tokens
         .iter()
-        .filter_map(|(name, t)| Some((name.clone(), t.as_str()?.to_owned())))
+        .filter_map(|(name, t)| Some((name.clone(), (t.as_str()?.to_owned(), uid(name)))))
         .collect()
 }
 
@@ -95,23 +102,26 @@ pub fn render<'a>(
     render_with_tokens(page_bytes, file_bytes, files, [])
 }
 
-/// The text of a state file, with the tokens of taken files.
+/// The text of a state file, with the tokens of taken files (name, token, taker's uid).
 pub fn render_with_tokens<'a>(
     page_bytes: u64,
     file_bytes: u64,
     files: impl IntoIterator<Item = (&'a str, Persisted)>,
-    tokens: impl IntoIterator<Item = (&'a str, &'a str)>,
+    tokens: impl IntoIterator<Item = (&'a str, &'a str, Option<u32>)>,
 ) -> String {
     let files: Map<String, Value> = files
         .into_iter()
         .map(|(n, p)| (n.to_owned(), Value::from(p.name())))
         .collect();
-    let tokens: Map<String, Value> = tokens
-        .into_iter()
-        .map(|(n, t)| (n.to_owned(), Value::from(t)))
-        .collect();
+    let (mut by_name, mut uids) = (Map::new(), Map::new());
+    for (name, token, uid) in tokens {
+        by_name.insert(name.to_owned(), Value::from(token));
+        if let Some(uid) = uid {
+            uids.insert(name.to_owned(), Value::from(uid));
+        }
+    }
     let v = json!({"version": VERSION, "page_bytes": page_bytes, "file_bytes": file_bytes,
-        "files": files, "tokens": tokens});
+        "files": files, "tokens": by_name, "token_uids": uids});
     format!("{v}\n")
 }
 
@@ -175,10 +185,10 @@ mod tests {
         write_atomic(&path, &render(1, 2, [("x", Persisted::Zero)])).unwrap();
         assert_eq!(load(&path, 1, 2)["x"], Persisted::Zero);
         assert!(load_tokens(&path).is_empty());
-        let text = render_with_tokens(1, 2, [("x", Persisted::Held)], [("x", "ab12")]);
+        let text = render_with_tokens(1, 2, [("x", Persisted::Held)], [("x", "ab12", Some(7))]);
         write_atomic(&path, &text).unwrap();
         assert_eq!(load(&path, 1, 2)["x"], Persisted::Held);
-        assert_eq!(load_tokens(&path)["x"], "ab12");
+        assert_eq!(load_tokens(&path)["x"], ("ab12".to_owned(), Some(7)));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "tokens are secrets");

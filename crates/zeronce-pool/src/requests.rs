@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use crate::daemon::{Pool, PoolError};
 use crate::proto::{error_reply, Request};
-use crate::state::{Claim, FileId};
+use crate::state::{Claim, Connection, FileId, Returner};
+use crate::usage::FileUser;
 
 /// Sends one reply line, with `fd` attached when given.
 pub(crate) fn send_line(
@@ -45,12 +46,12 @@ pub(crate) fn send_line(
     Ok(())
 }
 
-/// Answers one request (not `watch`) of connection `id`; `leases` are its leased files,
-/// `connections` the connection counters `stats` reports (as JSON).
+/// Answers one request (not `watch`) of connection `conn`; `leases` are its leased
+/// files, `connections` the connection counters `stats` reports (as JSON).
 pub(crate) fn answer(
     pool: &Pool,
     connections: &dyn Fn() -> Value,
-    id: u64,
+    conn: Connection,
     stream: &UnixStream,
     request: Request,
     leases: &mut Vec<FileId>,
@@ -62,7 +63,7 @@ pub(crate) fn answer(
             fd,
             wait,
             lease,
-        } => match pool.take_by(bytes, wait, Some(id)) {
+        } => match pool.take_by(bytes, wait, Some(conn)) {
             Ok(taken) => {
                 if lease {
                     // Before the client learns the path: a client dying from here
@@ -76,7 +77,7 @@ pub(crate) fn answer(
                     "ok": true, "path": taken.path, "bytes": taken.bytes,
                     "served": taken.served.name(), "fd": fd, "token": taken.token,
                 });
-                match fd.then(|| pool.dup(taken.file)) {
+                match fd.then(|| pool.client_fd(taken.file)) {
                     Some(Err(e)) => {
                         // The file is the client's (recorded held): it can open the path.
                         reply["fd"] = false.into();
@@ -91,15 +92,15 @@ pub(crate) fn answer(
         },
         Request::Return { path, token } => {
             let claim = Claim {
-                connection: id,
+                connection: conn.id,
+                user: returner(conn.uid),
                 token: token.as_deref(),
             };
             let reply = match pool.return_file(Path::new(&path), Some(&claim)) {
                 Ok(r) => {
                     leases.retain(|&f| pool.path(f) != r.path);
-                    let mut v =
-                        json!({"ok": true, "path": r.path, "in_use": r.in_use_by.is_some()});
-                    if let Some(pid) = r.in_use_by.filter(|&p| p != 0) {
+                    let mut v = json!({"ok": true, "path": r.path, "in_use": r.in_use.is_some()});
+                    if let Some(FileUser::Process(pid)) = r.in_use {
                         v["used_by"] = pid.into();
                     }
                     v
@@ -126,6 +127,17 @@ pub(crate) fn answer(
             });
             send_line(stream, &reply, None)
         }
+    }
+}
+
+/// Who a return from `uid` comes from: root and the daemon's own user are trusted with
+/// any token (they can read the state file that records them); anyone else's token
+/// returns only what that user took.
+fn returner(uid: u32) -> Returner {
+    if uid == 0 || uid == rustix::process::geteuid().as_raw() {
+        Returner::Trusted
+    } else {
+        Returner::Uid(uid)
     }
 }
 

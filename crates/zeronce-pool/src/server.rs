@@ -199,7 +199,7 @@ impl Server {
                 Ok((stream, _)) => {
                     backoff.succeeded();
                     if let Some(peer) = self.peers.admit(&stream) {
-                        self.conns.serve(&self.pool, stream, peer.pid, self.limits);
+                        self.conns.serve(&self.pool, stream, peer, self.limits);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}

@@ -17,6 +17,7 @@
 //! | picked by a zeroer ([`PoolState::next_job`]) | `Zeroing { background }` |
 //! | job finished, nothing left to do | `Ready` |
 //! | job stopped early (cancelled, page budget, failure) | `Dirty` with what is left |
+//! | job found its file opened by someone else ([`PoolState::job_in_use`]) | `Orphaned` |
 //!
 //! A returned file's pages are dirty, except those the client punched out (discarded by
 //! a balloon or free page reporting): those are holes, which read zero. A job first
@@ -174,6 +175,9 @@ pub struct PoolCounters {
     pub leases_orphaned: u64,
     /// Orphaned files reclaimed (no process had them open or mapped any more).
     pub orphans_reclaimed: u64,
+    /// Zeroing jobs that found their file opened by someone else (before their first
+    /// page or between two): stopped, the file held as orphaned until unused.
+    pub jobs_found_in_use: u64,
     /// Nanoseconds zeroers spent zeroing pages (for the zeroing rate).
     pub zeroing_nanos: u64,
 }
@@ -587,6 +591,6 @@ fn persisted_of(state: &FileState) -> Persisted {
 mod lease;
 mod owner;
 
-pub use owner::{Claim, Owner};
+pub use owner::{Claim, Connection, Owner, Returner};
 #[cfg(test)]
 mod tests;

@@ -58,6 +58,7 @@ impl Stats {
                 "jobs_interrupted": c.jobs_interrupted,
                 "leases_orphaned": c.leases_orphaned,
                 "orphans_reclaimed": c.orphans_reclaimed,
+                "jobs_found_in_use": c.jobs_found_in_use,
                 "orphan_checks": self.orphan_checks,
                 "events": self.events,
             },

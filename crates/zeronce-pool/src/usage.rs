@@ -1,15 +1,23 @@
-//! Whether a process other than the daemon still has a file open or mapped, read from
-//! `/proc/PID/fd` (descriptors) and `/proc/PID/maps` (mappings, which outlive the
-//! descriptor they were made from: a VMM may close the file and keep running on its
-//! mapping). The daemon asks before it zeroes any returned file and before it reclaims an
-//! orphaned one: zeroing pages a guest is still running on would corrupt it.
+//! Whether a process other than the daemon still has a pool file open or mapped. The
+//! daemon asks before it zeroes any returned file and before it reclaims an orphaned one:
+//! zeroing pages a guest is still running on would corrupt it.
 //!
-//! A process the daemon may not inspect (`EACCES`: more privileged than the daemon, in
-//! another user namespace, or not dumpable) is not seen. Such a process could only write
-//! to the file if it could open it read-write, which the pool's files (created by the
-//! daemon, mode 0644 under the usual umask) allow only to their owner and root: run the
-//! daemon as the user (or root) that runs the VMMs. The count of processes not inspected
-//! is logged.
+//! The answer comes from the daemon's write lease on the file ([`other_user`],
+//! `PoolFiles::lease`): one `fcntl`, granted only when no other open file description of
+//! the file exists — which covers what `/proc` cannot see (a descriptor in flight in a
+//! socket's queue, sent with `SCM_RIGHTS` and not yet received; a process the daemon may
+//! not inspect; an io_uring registered file) and a mapping of any kind (it keeps its file
+//! open after the descriptor is closed). The check gives the lease back at once (an
+//! `open` while it is held would wait for it); the zeroing job takes it again before its
+//! first page and holds it until the pool state records the job's end (`worker`), so an `open` of the file meanwhile
+//! breaks it and the job stops: there is no window between the check and the zeroing.
+//!
+//! `/proc/PID/fd` (descriptors) and `/proc/PID/maps` (mappings) are still walked
+//! ([`usage`]) to name the process of a busy file in the log, and in place of the lease
+//! where leases are not available (`/proc/sys/fs/leases-enable` is 0, or the daemon
+//! neither owns the files nor has `CAP_LEASE`). A process the walk may not inspect
+//! (`EACCES`: more privileged than the daemon, in another user namespace, or not
+//! dumpable) is not seen by it; the count of processes not inspected is logged.
 
 use std::ffi::CStr;
 use std::fs;
@@ -20,7 +28,60 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex};
 
 use rustix::fs::{openat, statat, AtFlags, Dir, Mode, OFlags};
+use zeronce_mem::{LeaseError, LeaseProbe};
 use zeronce_types::sync;
+
+use crate::files::PoolFiles;
+use crate::state::FileId;
+
+/// Who else uses a pool file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileUser {
+    /// This process has it open or mapped (found in `/proc`).
+    Process(u32),
+    /// Some open file description of it exists that `/proc` names no process for: a
+    /// descriptor in flight in a socket's queue, one of a process the daemon may not
+    /// inspect, or one the kernel holds (io_uring); or the check itself failed.
+    Unnamed,
+}
+
+/// Whether anyone but the daemon has pool file `file` open or mapped (see the module
+/// docs). `None`: nobody (at the time of the call). With `name`, a busy file's user is looked for in
+/// `/proc` (a walk of every process: for the log of a return, not for periodic checks).
+pub(crate) fn other_user(files: &PoolFiles, file: FileId, name: bool) -> Option<FileUser> {
+    let path = files.path(file);
+    let named = || match usage(&path) {
+        Ok(Usage::UsedBy(pid)) => FileUser::Process(pid),
+        Ok(Usage::Unused { .. }) | Err(_) => FileUser::Unnamed,
+    };
+    match files.lease(file) {
+        Ok(LeaseProbe::Held) => {
+            files.release_lease(file);
+            None
+        }
+        Ok(LeaseProbe::Busy) if name => Some(named()),
+        Ok(LeaseProbe::Busy) => Some(FileUser::Unnamed),
+        Err(LeaseError::Unsupported(e)) => {
+            static LOGGED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(path = %path.display(), %e, "no write lease on pool files: checking their users in /proc (slower, blind to descriptors in flight in sockets)");
+            }
+            match usage(&path) {
+                Ok(Usage::Unused { .. }) => None,
+                Ok(Usage::UsedBy(pid)) => Some(FileUser::Process(pid)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), %e, "cannot check a file's users: held until checked");
+                    Some(FileUser::Unnamed)
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), %e, "cannot check a file's users: held until checked");
+            Some(FileUser::Unnamed)
+        }
+    }
+}
 
 /// Who uses a file, as far as `/proc` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

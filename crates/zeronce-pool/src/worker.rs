@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 
 use rustix::thread::{sched_setaffinity, CpuSet};
 
+use zeronce_mem::{LeaseError, LeaseProbe, LeaseState};
+
+use crate::files::PoolFiles;
 use crate::shared::Shared;
-use crate::state::{FileState, Job, PageIndex};
+use crate::state::{FileId, FileState, Job, PageIndex};
 
 /// How the operator limits the zeroing workers' CPU use.
 #[derive(Clone, Debug, Default)]
@@ -50,6 +53,48 @@ pub(crate) struct JobOutcome {
     pub(crate) zeroed: u64,
     /// Holes the kernel repopulated.
     pub(crate) repopulated: u64,
+    /// Someone else had the file open before the first page, or opened it between two.
+    pub(crate) in_use: bool,
+}
+
+/// The daemon's write lease on a job's file (see `usage`), held from before the job's
+/// first page until the pool state records the job's end (ready, or orphaned): any
+/// `open` of the file meanwhile breaks it. Given back when dropped.
+struct JobLease<'a> {
+    files: &'a PoolFiles,
+    file: FileId,
+    /// Whether a lease is held (not where leases are not available: the job relies on
+    /// the `/proc` check made before it then).
+    held: bool,
+}
+
+impl<'a> JobLease<'a> {
+    /// The lease on `file`, or `None` when someone else has the file open or mapped.
+    fn take(files: &'a PoolFiles, file: FileId) -> Option<JobLease<'a>> {
+        let held = match files.lease(file) {
+            Ok(LeaseProbe::Held) => true,
+            Ok(LeaseProbe::Busy) => return None,
+            Err(LeaseError::Unsupported(_)) => false,
+            Err(e) => {
+                tracing::warn!(path = %files.path(file).display(), %e, "no lease for a zeroing job: held until checked");
+                return None;
+            }
+        };
+        Some(JobLease { files, file, held })
+    }
+
+    /// Whether someone opened the file since the lease was taken.
+    fn broken(&self) -> bool {
+        self.held && !matches!(self.files.lease_state(self.file), Ok(LeaseState::Write))
+    }
+}
+
+impl Drop for JobLease<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.files.release_lease(self.file);
+        }
+    }
 }
 
 /// Applies the CPU list and nice value to the calling thread; failures are logged (the
@@ -101,11 +146,30 @@ pub(crate) fn run(shared: &Shared, config: &WorkerConfig, index: usize) {
 
 /// Runs `job` to its end (or `stop`), reporting to the pool; the file's new state.
 pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
-    let outcome = zero_job(shared, &job, paced);
+    // Held until the pool state says what became of the file.
+    let lease = JobLease::take(&shared.files, job.file);
+    let mut outcome = match &lease {
+        Some(lease) => zero_job(shared, &job, paced, lease),
+        None => JobOutcome {
+            in_use: true,
+            ..JobOutcome::default()
+        },
+    };
     let (file, by) = (job.file, job.by);
     let mut inner = shared.lock();
+    // Opened during the last page or since: zero, but someone has it.
+    outcome.in_use |= lease.as_ref().is_some_and(JobLease::broken);
     inner.pool.add_zeroing_time(outcome.zeroing_nanos);
-    let state = match inner.pool.finish_job(job) {
+    let finished = if outcome.in_use {
+        tracing::warn!(
+            path = %shared.files.path(file).display(),
+            "file opened by someone else while queued or being zeroed: held as orphaned until unused"
+        );
+        inner.pool.job_in_use(job)
+    } else {
+        inner.pool.finish_job(job)
+    };
+    let state = match finished {
         Ok(s) => s.clone(),
         Err(e) => {
             tracing::error!(%e, "finishing a job this pool made failed");
@@ -113,6 +177,9 @@ pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
         }
     };
     drop(inner);
+    // Given back once the state is recorded: an opener waiting on it finds the file
+    // orphaned (or, past the last check, ready like any free file).
+    drop(lease);
     tracing::info!(
         path = %shared.files.path(file).display(), ?by, zeroed = outcome.zeroed,
         repopulated = outcome.repopulated, ready = matches!(state, FileState::Ready | FileState::Held),
@@ -126,9 +193,22 @@ pub(crate) fn run_job(shared: &Shared, job: Job, paced: bool) -> FileState {
 }
 
 /// Checks the job's file for holes (repopulating them) and zeroes its dirty pages,
-/// stopping between pages at shutdown. Reports every step to the pool state.
-fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
+/// stopping between pages at shutdown, under the file's write lease: if someone opens
+/// the file, nothing more is touched ([`JobOutcome::in_use`]). Reports every step to the
+/// pool state.
+fn zero_job(shared: &Shared, job: &Job, paced: bool, lease: &JobLease<'_>) -> JobOutcome {
     let mut outcome = JobOutcome::default();
+    zero_pages(shared, job, paced, lease, &mut outcome);
+    outcome
+}
+
+fn zero_pages(
+    shared: &Shared,
+    job: &Job,
+    paced: bool,
+    lease: &JobLease<'_>,
+    outcome: &mut JobOutcome,
+) {
     let mut holes: Vec<PageIndex> = Vec::new();
     if job.check_holes {
         match shared.files.repopulate(job.file) {
@@ -138,12 +218,12 @@ fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
             }
             Err(e) => {
                 tracing::warn!(%e, "repopulating holes failed; the file stays zeroable");
-                return outcome;
+                return;
             }
         }
         if let Err(e) = shared.lock().pool.holes_repopulated(job, &holes) {
             tracing::error!(%e, "recording repopulated holes failed");
-            return outcome;
+            return;
         }
     }
     let pages: Vec<PageIndex> = job
@@ -153,13 +233,13 @@ fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
         .filter(|p| !holes.contains(p))
         .collect();
     if pages.is_empty() {
-        return outcome;
+        return;
     }
     let mut map = match shared.files.map(job.file) {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(%e, "mapping a file to zero failed; it stays zeroable");
-            return outcome;
+            return;
         }
     };
     let page_bytes = shared.files.page_bytes();
@@ -168,10 +248,21 @@ fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
             break;
         }
         if paced {
-            let wait = shared.pace(page_bytes as u64);
-            if !wait.is_zero() {
-                std::thread::sleep(wait);
+            // In slices, so an opener waits for the lease's break at most one slice.
+            let until = Instant::now() + shared.pace(page_bytes as u64);
+            while let Some(left) = until.checked_duration_since(Instant::now()) {
+                if left.is_zero() || lease.broken() || shared.stopping() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(100)));
             }
+        }
+        if shared.stopping() {
+            break;
+        }
+        if lease.broken() {
+            outcome.in_use = true;
+            break;
         }
         let start = Instant::now();
         let offset = page.0 as usize * page_bytes;
@@ -186,7 +277,6 @@ fn zero_job(shared: &Shared, job: &Job, paced: bool) -> JobOutcome {
             break;
         }
     }
-    outcome
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use zeronce_mem::{BackingKind, GuestRam, HugePageSize};
 use zeronce_pool::client::{Client, TakeOptions, TakenFile};
 use zeronce_pool::files::mount_from_env;
@@ -151,6 +151,29 @@ impl Daemon {
         line.split_whitespace().next().unwrap().parse().unwrap()
     }
 
+    /// The daemon's threads serving a client connection (named `zeronce-pool-client`,
+    /// which `comm` cuts to 15 bytes); a thread's connection is closed before it ends.
+    pub fn client_threads(&self) -> usize {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).unwrap();
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("zeronce-pool-cl"))
+            })
+            .count()
+    }
+
+    /// CPU time the daemon used so far (user and system, all threads), in clock ticks
+    /// (`/proc/PID/stat` fields 14 and 15; 100 a second on Linux).
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')').expect("a /proc stat line") + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    }
+
     /// The daemon's open descriptors.
     pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
@@ -238,4 +261,38 @@ pub fn check_zero_then_write(ram: &mut GuestRam) {
 /// A counter of a `stats` reply.
 pub fn counter(stats: &Value, name: &str) -> u64 {
     stats["counters"][name].as_u64().unwrap()
+}
+
+/// A `take` request of `bytes`, waiting for a ready file.
+pub fn take(bytes: usize) -> Value {
+    json!({"op": "take", "bytes": bytes, "wait": true})
+}
+
+/// Whether `reply` is an error reply of `kind`.
+pub fn refused(reply: &Option<Value>, kind: &str) -> bool {
+    reply
+        .as_ref()
+        .is_some_and(|r| r["ok"] == false && r["error"] == kind)
+}
+
+/// `zeronce pool ARGS` run as user and group 65534 (nobody) through `setpriv`; fails the
+/// test saying what is missing when it cannot change users (not root, or no `setpriv`).
+pub fn pool_as_nobody(args: &[&str], socket: &std::path::Path) -> std::process::Output {
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output();
+    assert!(
+        rustix::process::geteuid().is_root() && setpriv.is_ok(),
+        "this test needs root and setpriv (util-linux) to connect as another user: run it as root, as .ci/run does"
+    );
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_zeronce"))
+        .arg("pool")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    out
 }

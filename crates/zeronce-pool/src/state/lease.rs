@@ -2,7 +2,7 @@
 //! closes without a return, reclaimed as dirty work once no process uses it (the effect
 //! layer looks; see `crate::usage`).
 
-use super::{FileId, FileState, PoolState, StateError};
+use super::{FileId, FileState, Job, PoolState, StateError};
 
 impl PoolState {
     /// Ties a held file to its client's connection.
@@ -48,6 +48,17 @@ impl PoolState {
         self.work.retain(|&f| f != file);
         self.set(file, FileState::Orphaned);
         Ok(())
+    }
+
+    /// A job found its file open elsewhere (someone opened it before the job's first page
+    /// or between two): the job ends and the file is held as orphaned, never zeroed nor
+    /// handed out, until [`PoolState::reclaim`] finds it unused (all its pages dirty
+    /// again). An inline taker gets nothing from it.
+    pub fn job_in_use(&mut self, job: Job) -> Result<&FileState, StateError> {
+        self.zeroing_pages(&job)?;
+        self.counters.jobs_found_in_use += 1;
+        self.set(job.file, FileState::Orphaned);
+        Ok(&self.files[job.file.0].state)
     }
 
     fn transition(

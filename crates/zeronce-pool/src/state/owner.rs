@@ -1,7 +1,12 @@
 //! Who may return a taken file: its taker. A file taken over the socket belongs to the
 //! connection it was taken on and to the holder of the token its take returned (a VMM
 //! that restarts, or a launcher that printed the path and exited, presents the token
-//! on a new connection). Anyone else's return is refused ([`StateError::NotOwner`]):
+//! on a new connection) — from the taker's user only: the token is bound to the uid of
+//! the connection that took the file (`SO_PEERCRED`), so a token that leaked (a log, a
+//! command line another user can read in `/proc`) returns nothing for another local
+//! user. Root and the daemon's own user ([`Returner::Trusted`]) may present any token:
+//! they can read the state file that records the tokens, so refusing them would defend
+//! nothing. Anyone else's return is refused ([`StateError::NotOwner`]):
 //! the file may be mapped by a running guest, or about to be. Files recorded held by a
 //! state file without a token (written before tokens existed) have no recorded taker
 //! and may be returned by anyone, as before.
@@ -18,9 +23,30 @@ pub struct Owner {
     /// The connection it was taken on (`None`: taken in-process, or recorded before a
     /// restart, when no connection survives).
     pub connection: Option<u64>,
+    /// The user of the connection it was taken on (`None`: taken in-process, or recorded
+    /// before uids were: the token alone returns it).
+    pub uid: Option<u32>,
     /// The secret its take returned (hex), which a return from another connection must
     /// carry.
     pub token: String,
+}
+
+/// A client connection a file is taken on: its id and its peer's uid (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// The connection's id (the daemon's count).
+    pub id: u64,
+    /// The uid of its peer.
+    pub uid: u32,
+}
+
+/// The user a return comes from (its connection's `SO_PEERCRED` uid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Returner {
+    /// Root or the daemon's own user: its token returns a file whoever took it.
+    Trusted,
+    /// Any other user: its token returns only the files this user took.
+    Uid(u32),
 }
 
 /// Who asks to return a file: the connection asking and the token it presents, if any.
@@ -28,15 +54,22 @@ pub struct Owner {
 pub struct Claim<'a> {
     /// The connection the return arrived on.
     pub connection: u64,
+    /// The user the return comes from.
+    pub user: Returner,
     /// The token presented with the return.
     pub token: Option<&'a str>,
 }
 
 impl Owner {
-    /// Whether `claim` comes from this taker: its connection, or its token.
+    /// Whether `claim` comes from this taker: its connection, or its token presented by
+    /// its user (or a trusted one).
     pub fn admits(&self, claim: &Claim<'_>) -> bool {
+        let same_user = match (claim.user, self.uid) {
+            (Returner::Trusted, _) | (_, None) => true,
+            (Returner::Uid(uid), Some(taker)) => uid == taker,
+        };
         self.connection == Some(claim.connection)
-            || claim.token.is_some_and(|t| same_secret(t, &self.token))
+            || (same_user && claim.token.is_some_and(|t| same_secret(t, &self.token)))
     }
 }
 
@@ -63,11 +96,14 @@ impl PoolState {
         self.files[file.0].owner.as_ref()
     }
 
-    /// Tokens of taken files, by name (for the state file).
-    pub fn tokens(&self) -> Vec<(&str, &str)> {
+    /// Tokens of taken files and their takers' uids, by name (for the state file).
+    pub fn tokens(&self) -> Vec<(&str, &str, Option<u32>)> {
         self.files
             .iter()
-            .filter_map(|f| Some((f.name.as_str(), f.owner.as_ref()?.token.as_str())))
+            .filter_map(|f| {
+                let o = f.owner.as_ref()?;
+                Some((f.name.as_str(), o.token.as_str(), o.uid))
+            })
             .collect()
     }
 
@@ -138,13 +174,14 @@ impl PoolState {
         self.return_file(name, None, false)
     }
 
-    /// Restores the token recorded for a taken file at start (no connection survives a
-    /// restart); ignored for a file not taken.
-    pub fn restore_token(&mut self, file: FileId, token: String) {
+    /// Restores the token (and taker's uid) recorded for a taken file at start (no
+    /// connection survives a restart); ignored for a file not taken.
+    pub fn restore_token(&mut self, file: FileId, token: String, uid: Option<u32>) {
         let f = &mut self.files[file.0];
         if taken(&f.state) {
             f.owner = Some(Owner {
                 connection: None,
+                uid,
                 token,
             });
         }

@@ -259,7 +259,11 @@ fn an_orphaned_lease_is_never_work_until_reclaimed() {
     assert_eq!(pool.counts().orphaned, 0);
 }
 
-/// Takes a ready file and records `connection` (token `t-CONNECTION`) as its taker.
+/// The uid of the takers of [`take_as`].
+const USER: u32 = 1000;
+
+/// Takes a ready file and records `connection` (token `t-CONNECTION`, user [`USER`]) as
+/// its taker.
 fn take_as(pool: &mut PoolState, connection: u64) -> FileId {
     let Ok(Take::Ready(f)) = pool.take(PAGE) else {
         panic!("a ready file")
@@ -269,6 +273,7 @@ fn take_as(pool: &mut PoolState, connection: u64) -> FileId {
         f,
         Owner {
             connection: Some(connection),
+            uid: Some(USER),
             token,
         },
     )
@@ -284,6 +289,7 @@ fn only_the_taker_returns_a_file_by_its_connection_or_its_token() {
     let name = pool.name(f).to_owned();
     let other = |token| Claim {
         connection: 2,
+        user: Returner::Uid(USER),
         token,
     };
     for claim in [other(None), other(Some("t-2")), other(Some("t-1x"))] {
@@ -299,7 +305,7 @@ fn only_the_taker_returns_a_file_by_its_connection_or_its_token() {
     );
     assert_eq!(pool.counters().returns_refused, 3);
     assert!(pool.held_by(1) && !pool.held_by(2));
-    assert_eq!(pool.tokens(), vec![(name.as_str(), "t-1")]);
+    assert_eq!(pool.tokens(), vec![(name.as_str(), "t-1", Some(USER))]);
     // The token, from another connection (a restarted VMM).
     pool.return_file(&name, Some(&other(Some("t-1"))), false)
         .unwrap();
@@ -309,11 +315,52 @@ fn only_the_taker_returns_a_file_by_its_connection_or_its_token() {
     let g = take_as(&mut pool, 3);
     let claim = Claim {
         connection: 3,
+        user: Returner::Uid(USER),
         token: None,
     };
     pool.return_file(pool.name(g).to_owned().as_str(), Some(&claim), false)
         .unwrap();
     assert_eq!(pool.counters().returns, 2);
+}
+
+#[test]
+fn a_token_returns_a_file_only_for_its_takers_user_or_a_trusted_one() {
+    let mut pool = PoolState::new(PAGE, 4, names(1));
+    zero_all(&mut pool);
+    let f = take_as(&mut pool, 1);
+    let name = pool.name(f).to_owned();
+    let claim = |user| Claim {
+        connection: 2,
+        user,
+        token: Some("t-1"),
+    };
+    assert_eq!(
+        pool.return_file(&name, Some(&claim(Returner::Uid(USER + 1))), false),
+        Err(StateError::NotOwner(name.clone())),
+        "the right token from another user"
+    );
+    assert_eq!(pool.state(f), &FileState::Held);
+    pool.return_file(&name, Some(&claim(Returner::Trusted)), false)
+        .unwrap();
+    zero_all(&mut pool);
+    let g = take_as(&mut pool, 1);
+    pool.return_file(&name, Some(&claim(Returner::Uid(USER))), false)
+        .unwrap();
+    assert_eq!(g, f);
+    // A take recorded without a uid (in-process, or before uids): the token alone.
+    zero_all(&mut pool);
+    let Ok(Take::Ready(h)) = pool.take(PAGE) else {
+        panic!("a ready file")
+    };
+    let owner = Owner {
+        connection: None,
+        uid: None,
+        token: "t-1".into(),
+    };
+    pool.set_owner(h, owner).unwrap();
+    pool.return_file(&name, Some(&claim(Returner::Uid(USER + 1))), false)
+        .unwrap();
+    assert_eq!(pool.counters().returns_refused, 1);
 }
 
 #[test]
@@ -325,6 +372,7 @@ fn a_file_returned_while_in_use_is_orphaned_not_zeroed_and_zero_bytes_are_refuse
     let name = pool.name(f).to_owned();
     let mine = Claim {
         connection: 1,
+        user: Returner::Uid(USER),
         token: None,
     };
     pool.return_file(&name, Some(&mine), true).unwrap();
@@ -362,9 +410,10 @@ fn tokens_survive_a_restart_and_untokened_held_files_return_as_before() {
             .into_iter()
             .map(|(n, p)| (n.to_owned(), Some(p))),
     );
-    restarted.restore_token(f, "t-1".into());
+    restarted.restore_token(f, "t-1".into(), Some(USER));
     let stranger = Claim {
         connection: 1,
+        user: Returner::Uid(USER),
         token: None,
     };
     assert_eq!(

@@ -63,7 +63,7 @@ use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
-    PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
+    PcpCache, Pfn, Stats, PAGE_SIZE, PCP_MAX_ORDER,
 };
 
 use crate::claimed::ClaimedBytes;
@@ -71,7 +71,7 @@ use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
 mod slots;
-use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, LISTS};
+use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
 pub(crate) use slots::{Slots, HUGE_ORDER};
 
 /// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
@@ -90,7 +90,12 @@ pub(crate) trait Keep: Send + Sized + 'static {
     fn reuse(&mut self);
     /// The block and its claimed bytes, on their way back to the manager.
     fn into_claim(self) -> (Block, ClaimedBytes);
+    /// The block and its claimed bytes, taken out (the owner reference stays).
+    fn take_claim(&mut self) -> (Block, ClaimedBytes);
 }
+
+/// Most kept huge blocks that go back to the manager together (see [`ThreadCaches::keep`]).
+const HUGE_DRAIN: usize = 8;
 
 /// Where [`ThreadCaches::give_back`] sends a block.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -106,8 +111,10 @@ pub(crate) enum Via {
 /// lists hold.
 pub(crate) struct ThreadCaches<E> {
     pcp: PerThread<TryLock<PcpCache<Arc<MemoryManager>>>>,
-    /// Most blocks kept per slot, per kept list.
+    /// Most blocks kept per slot, per kept list, at first (the base limit).
     kept_limit: [usize; LISTS],
+    /// Most huge blocks a slot may keep beyond its base limit.
+    huge_extra_max: usize,
     /// Counters of the kept blocks, per slot.
     counters: SlotCounters,
     /// Set when the owner's last handle is gone: no block is kept for it any more.
@@ -140,13 +147,21 @@ impl<E: Keep> ThreadCaches<E> {
             0
         };
         let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let counters = SlotCounters::new();
+        // Linux's `high_max`: an eighth of the memory, shared by the slots.
+        let huge_max = if huge == 0 {
+            0
+        } else {
+            (total * PAGE_SIZE / 8 / counters.slots() as u64 / HUGE_ORDER.bytes()).max(huge)
+        };
         ThreadCaches {
             pcp: PerThread::new(|| TryLock::new(PcpCache::new(Arc::clone(mm)))),
             kept_limit: std::array::from_fn(|list| match list_order(list) {
                 o if o == HUGE_ORDER => fit(huge),
                 o => fit(small >> o.get()).max(1),
             }),
-            counters: SlotCounters::new(),
+            huge_extra_max: fit(huge_max - huge),
+            counters,
             closed: AtomicBool::new(false),
             giving_back: Mutex::new(()),
             mm: Arc::clone(mm),
@@ -185,9 +200,38 @@ impl<E: Keep> ThreadCaches<E> {
     /// that order is this owner's; counted as an allocation.
     #[inline]
     pub(crate) fn take(&self, order: Order) -> Option<E> {
-        let (guard, list, entry) = self.pop_mine(order)?;
-        self.counters.count_take(&guard, list);
-        Some(entry)
+        let list = list_of(order)?;
+        let mut guard = SlotGuard::try_mine(E::slots())?;
+        match Self::pop_mine_from(&mut guard, list, self) {
+            Some(entry) => {
+                self.counters.count_take(&guard, list);
+                Some(entry)
+            }
+            None => {
+                if list == HUGE_LIST {
+                    self.missed_huge(&guard);
+                }
+                None
+            }
+        }
+    }
+
+    /// An allocation of a huge block found none kept on the guarded slot: it may keep one
+    /// more (see the module docs, "Bounds").
+    #[inline(never)]
+    fn missed_huge(&self, guard: &SlotGuard<E>) {
+        self.counters.raise_huge_extra(guard, self.huge_extra_max);
+    }
+
+    /// Most blocks the guarded slot keeps on list `list` of this owner's.
+    #[inline]
+    fn limit(&self, guard: &SlotGuard<E>, list: usize) -> usize {
+        let base = self.kept_limit[list];
+        if list == HUGE_LIST && base > 0 {
+            base + self.counters.huge_extra(guard)
+        } else {
+            base
+        }
     }
 
     /// Pops the calling thread's slot's most recent kept block of `order` if it is this
@@ -196,11 +240,18 @@ impl<E: Keep> ThreadCaches<E> {
     fn pop_mine(&self, order: Order) -> Option<(SlotGuard<E>, usize, E)> {
         let list = list_of(order)?;
         let mut guard = SlotGuard::try_mine(E::slots())?;
-        if !std::ptr::eq(guard.list(list).last()?.caches(), self) {
+        let entry = Self::pop_mine_from(&mut guard, list, self)?;
+        Some((guard, list, entry))
+    }
+
+    /// Pops the most recent kept block of list `list` of the guarded slot if it is
+    /// `owner`'s.
+    #[inline]
+    fn pop_mine_from(guard: &mut SlotGuard<E>, list: usize, owner: &Self) -> Option<E> {
+        if !std::ptr::eq(guard.list(list).last()?.caches(), owner) {
             return None;
         }
-        let entry = guard.list(list).pop()?;
-        Some((guard, list, entry))
+        guard.list(list).pop()
     }
 
     /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
@@ -216,7 +267,13 @@ impl<E: Keep> ThreadCaches<E> {
             return Err(entry);
         };
         let caches = entry.caches();
-        if caches.is_closed() || guard.list(list).len() >= caches.kept_limit[list] {
+        if caches.is_closed() {
+            return Err(entry);
+        }
+        if guard.list(list).len() >= caches.limit(&guard, list) {
+            if order > PCP_MAX_ORDER {
+                return Self::keep_draining(guard, list, entry);
+            }
             return Err(entry);
         }
         caches.counters.count_keep(&guard, list, order);
@@ -228,6 +285,80 @@ impl<E: Keep> ThreadCaches<E> {
         entry.reuse();
         guard.list(list).push(entry);
         Ok(())
+    }
+
+    /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):
+    /// the list's oldest blocks, up to half of it and [`HUGE_DRAIN`], go back to the
+    /// manager under one zone lock (Linux `free_pcppages_bulk`) if they are `entry`'s
+    /// owner's, and `entry` is kept in their place. Back to the caller when the oldest
+    /// kept block is another owner's.
+    #[inline(never)]
+    fn keep_draining(mut guard: SlotGuard<E>, list: usize, mut entry: E) -> Result<(), E> {
+        let caches = entry.caches();
+        let limit = caches.limit(&guard, list);
+        let n = guard
+            .list(list)
+            .iter()
+            .take((limit / 2).clamp(1, HUGE_DRAIN))
+            .take_while(|e| std::ptr::eq(e.caches(), caches))
+            .count();
+        if n == 0 {
+            return Err(entry);
+        }
+        let mut out: [Option<E>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
+        for (slot, e) in out.iter_mut().zip(guard.list(list).drain(..n)) {
+            *slot = Some(e);
+        }
+        caches.counters.count_given_back(&guard, list, n as u64);
+        caches.counters.count_keep(&guard, list, list_order(list));
+        entry.reuse();
+        guard.list(list).push(entry);
+        drop(guard);
+        // The drained entries hold their owner until their blocks are back.
+        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
+        for (c, e) in claims.iter_mut().zip(out.iter_mut()) {
+            *c = e.as_mut().map(Keep::take_claim);
+        }
+        if let Some(owner) = &out[0] {
+            owner.caches().give_back_claims(&mut claims);
+        }
+        Ok(())
+    }
+
+    /// Gives kept blocks taken out of their lists (`claims`: each block with its claimed
+    /// bytes, all this owner's) back to the manager as if their owner freed them now,
+    /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk.
+    fn give_back_claims(&self, claims: &mut [Option<(Block, ClaimedBytes)>]) {
+        let life = self.life();
+        let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
+        let mut n = 0;
+        for ((block, bytes), slot) in claims.iter_mut().flatten().zip(blocks.iter_mut()) {
+            if let Some(l) = life {
+                l.map.freed(*block, block.order.pages());
+            }
+            // The claim goes before the manager may touch the block.
+            bytes.release();
+            *slot = *block;
+            n += 1;
+        }
+        let blocks = &blocks[..n];
+        let mut failed = Vec::new();
+        self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {
+            tracing::error!(%e, %block, "giving a kept block back failed");
+            if let Some(l) = life {
+                // Still allocated: in use, every page written, as after a failed free.
+                l.map.handed_out(block);
+            }
+            failed.push(block);
+        });
+        if let Some(l) = life {
+            let freed = blocks.iter().filter(|b| !failed.contains(b));
+            l.map
+                .count_freed(freed.clone().map(|b| b.order.bytes()).sum());
+            for &b in freed {
+                l.after_free(b, FreeHint::Dirty);
+            }
+        }
     }
 
     /// Gives the calling thread's kept blocks of `order` of this owner back to the
@@ -270,6 +401,7 @@ impl<E: Keep> ThreadCaches<E> {
                 let n = (out.len() - before) as u64;
                 self.counters.count_given_back(&guard, list, n);
             }
+            self.counters.reset_huge_extra(&guard);
         }
         for entry in out {
             self.give_back_kept(entry);
@@ -344,8 +476,9 @@ impl<E: Keep> ThreadCaches<E> {
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
         let first = {
+            // The slot is tried only for an order it caches (a try is a locked swap).
             let cached = !req.zeroed && order <= PCP_MAX_ORDER;
-            match self.pcp.mine().try_lock().filter(|_| cached) {
+            match cached.then(|| self.pcp.mine().try_lock()).flatten() {
                 // Nothing to zero: the prefix does not matter.
                 Some(mut pcp) => pcp.alloc(order, req),
                 None => self.mm.alloc_prefix(order, req, used_pages),

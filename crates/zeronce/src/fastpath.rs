@@ -305,21 +305,21 @@ impl<E: Keep> ThreadCaches<E> {
         if n == 0 {
             return Err(entry);
         }
-        let mut out: [Option<E>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
-        for (slot, e) in out.iter_mut().zip(guard.list(list).drain(..n)) {
-            *slot = Some(e);
+        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
+        // One drained entry holds the owner until the blocks are back. The others' owner
+        // references go now: not the last ones, as the owner's handles hold theirs until
+        // its close has taken this slot.
+        let mut holder: Option<E> = None;
+        for (c, mut e) in claims.iter_mut().zip(guard.list(list).drain(..n)) {
+            *c = Some(e.take_claim());
+            holder.get_or_insert(e);
         }
         caches.counters.count_given_back(&guard, list, n as u64);
         caches.counters.count_keep(&guard, list, list_order(list));
         entry.reuse();
         guard.list(list).push(entry);
         drop(guard);
-        // The drained entries hold their owner until their blocks are back.
-        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
-        for (c, e) in claims.iter_mut().zip(out.iter_mut()) {
-            *c = e.as_mut().map(Keep::take_claim);
-        }
-        if let Some(owner) = &out[0] {
+        if let Some(owner) = &holder {
             owner.caches().give_back_claims(&mut claims);
         }
         Ok(())

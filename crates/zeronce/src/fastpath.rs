@@ -37,7 +37,13 @@
 //! bounded per slot: per small order one cache batch (`pcp_batch_pages`, at most 1/64 of
 //! the memory) kept and `pcp_high_pages` cached; [`KEPT_HUGE_BYTES`] of huge blocks kept
 //! (at most 1/64 of the memory, none while a background zeroer runs: there a freed chunk
-//! is meant to be zeroed off the allocation path at once).
+//! is meant to be zeroed off the allocation path at once). The huge limit adapts as
+//! Linux's `pcp->high` does (auto-tuned between `high_min` and `high_max`): every huge
+//! allocation that finds none of its owner's kept on its slot lets the slot keep one
+//! more, up to an eighth of the memory shared by the slots (Linux's `high_max`), and
+//! every drain of the slot takes it back to the base. A free into a full huge list gives
+//! the list's oldest blocks back to the manager together, under one zone lock
+//! ([`drain`], Linux's `free_pcppages_bulk`), and keeps the freed block.
 //!
 //! **The way back.** Every allocated block reaches the manager through one function,
 //! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going
@@ -63,13 +69,14 @@ use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
-    PcpCache, Pfn, Stats, PAGE_SIZE, PCP_MAX_ORDER,
+    PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
 };
 
 use crate::claimed::ClaimedBytes;
 use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
+mod drain;
 mod slots;
 use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
 pub(crate) use slots::{Slots, HUGE_ORDER};
@@ -93,9 +100,6 @@ pub(crate) trait Keep: Send + Sized + 'static {
     /// The block and its claimed bytes, taken out (the owner reference stays).
     fn take_claim(&mut self) -> (Block, ClaimedBytes);
 }
-
-/// Most kept huge blocks that go back to the manager together (see [`ThreadCaches::keep`]).
-const HUGE_DRAIN: usize = 8;
 
 /// Where [`ThreadCaches::give_back`] sends a block.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -223,7 +227,7 @@ impl<E: Keep> ThreadCaches<E> {
         self.counters.raise_huge_extra(guard, self.huge_extra_max);
     }
 
-    /// Most blocks the guarded slot keeps on list `list` of this owner's.
+    /// Most blocks of this owner's the guarded slot keeps on list `list`.
     #[inline]
     fn limit(&self, guard: &SlotGuard<E>, list: usize) -> usize {
         let base = self.kept_limit[list];
@@ -270,95 +274,34 @@ impl<E: Keep> ThreadCaches<E> {
         if caches.is_closed() {
             return Err(entry);
         }
-        if guard.list(list).len() >= caches.limit(&guard, list) {
-            if order > PCP_MAX_ORDER {
-                return Self::keep_draining(guard, list, entry);
-            }
+        if order > PCP_MAX_ORDER {
+            return Self::keep_huge(guard, list, entry);
+        }
+        if guard.list(list).len() >= caches.kept_limit[list] {
             return Err(entry);
         }
         caches.counters.count_keep(&guard, list, order);
-        if order > PCP_MAX_ORDER {
-            // Schedules a reporting pass (which gives the block back first) as its free
-            // to the zone would have; the pass comes after the reporting delay.
-            caches.kept_huge_block();
-        }
         entry.reuse();
         guard.list(list).push(entry);
         Ok(())
     }
 
-    /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):
-    /// the list's oldest blocks, up to half of it and [`HUGE_DRAIN`], go back to the
-    /// manager under one zone lock (Linux `free_pcppages_bulk`) if they are `entry`'s
-    /// owner's, and `entry` is kept in their place. Back to the caller when the oldest
-    /// kept block is another owner's.
-    #[inline(never)]
-    fn keep_draining(mut guard: SlotGuard<E>, list: usize, mut entry: E) -> Result<(), E> {
+    /// [`ThreadCaches::keep`] of a huge block (its list `list` of the slot of `guard`):
+    /// into a full list only in exchange for its oldest blocks
+    /// ([`ThreadCaches::keep_draining`]).
+    #[inline]
+    fn keep_huge(mut guard: SlotGuard<E>, list: usize, mut entry: E) -> Result<(), E> {
         let caches = entry.caches();
-        let limit = caches.limit(&guard, list);
-        let n = guard
-            .list(list)
-            .iter()
-            .take((limit / 2).clamp(1, HUGE_DRAIN))
-            .take_while(|e| std::ptr::eq(e.caches(), caches))
-            .count();
-        if n == 0 {
-            return Err(entry);
+        if guard.list(list).len() >= caches.limit(&guard, list) {
+            return Self::keep_draining(guard, list, entry);
         }
-        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
-        // One drained entry holds the owner until the blocks are back. The others' owner
-        // references go now: not the last ones, as the owner's handles hold theirs until
-        // its close has taken this slot.
-        let mut holder: Option<E> = None;
-        for (c, mut e) in claims.iter_mut().zip(guard.list(list).drain(..n)) {
-            *c = Some(e.take_claim());
-            holder.get_or_insert(e);
-        }
-        caches.counters.count_given_back(&guard, list, n as u64);
         caches.counters.count_keep(&guard, list, list_order(list));
+        // Schedules a reporting pass (which gives the block back first) as its free to
+        // the zone would have; the pass comes after the reporting delay.
+        caches.kept_huge_block();
         entry.reuse();
         guard.list(list).push(entry);
-        drop(guard);
-        if let Some(owner) = &holder {
-            owner.caches().give_back_claims(&mut claims);
-        }
         Ok(())
-    }
-
-    /// Gives kept blocks taken out of their lists (`claims`: each block with its claimed
-    /// bytes, all this owner's) back to the manager as if their owner freed them now,
-    /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk.
-    fn give_back_claims(&self, claims: &mut [Option<(Block, ClaimedBytes)>]) {
-        let life = self.life();
-        let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
-        let mut n = 0;
-        for ((block, bytes), slot) in claims.iter_mut().flatten().zip(blocks.iter_mut()) {
-            if let Some(l) = life {
-                l.map.freed(*block, block.order.pages());
-            }
-            // The claim goes before the manager may touch the block.
-            bytes.release();
-            *slot = *block;
-            n += 1;
-        }
-        let blocks = &blocks[..n];
-        let mut failed = Vec::new();
-        self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {
-            tracing::error!(%e, %block, "giving a kept block back failed");
-            if let Some(l) = life {
-                // Still allocated: in use, every page written, as after a failed free.
-                l.map.handed_out(block);
-            }
-            failed.push(block);
-        });
-        if let Some(l) = life {
-            let freed = blocks.iter().filter(|b| !failed.contains(b));
-            l.map
-                .count_freed(freed.clone().map(|b| b.order.bytes()).sum());
-            for &b in freed {
-                l.after_free(b, FreeHint::Dirty);
-            }
-        }
     }
 
     /// Gives the calling thread's kept blocks of `order` of this owner back to the

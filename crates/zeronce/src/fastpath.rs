@@ -206,18 +206,14 @@ impl<E: Keep> ThreadCaches<E> {
     pub(crate) fn take(&self, order: Order) -> Option<E> {
         let list = list_of(order)?;
         let mut guard = SlotGuard::try_mine(E::slots())?;
-        match Self::pop_mine_from(&mut guard, list, self) {
-            Some(entry) => {
-                self.counters.count_take(&guard, list);
-                Some(entry)
+        let Some(entry) = Self::pop_mine_from(&mut guard, list, self) else {
+            if list == HUGE_LIST {
+                self.missed_huge(&guard);
             }
-            None => {
-                if list == HUGE_LIST {
-                    self.missed_huge(&guard);
-                }
-                None
-            }
-        }
+            return None;
+        };
+        self.counters.count_take(&guard, list);
+        Some(entry)
     }
 
     /// An allocation of a huge block found none kept on the guarded slot: it may keep one
@@ -274,31 +270,21 @@ impl<E: Keep> ThreadCaches<E> {
         if caches.is_closed() {
             return Err(entry);
         }
-        if order > PCP_MAX_ORDER {
-            return Self::keep_huge(guard, list, entry);
-        }
         if guard.list(list).len() >= caches.kept_limit[list] {
-            return Err(entry);
+            // Full at the base limit: a huge list may keep more, or makes room.
+            if order <= PCP_MAX_ORDER {
+                return Err(entry);
+            }
+            if guard.list(list).len() >= caches.limit(&guard, list) {
+                return Self::keep_draining(guard, list, entry);
+            }
         }
         caches.counters.count_keep(&guard, list, order);
-        entry.reuse();
-        guard.list(list).push(entry);
-        Ok(())
-    }
-
-    /// [`ThreadCaches::keep`] of a huge block (its list `list` of the slot of `guard`):
-    /// into a full list only in exchange for its oldest blocks
-    /// ([`ThreadCaches::keep_draining`]).
-    #[inline]
-    fn keep_huge(mut guard: SlotGuard<E>, list: usize, mut entry: E) -> Result<(), E> {
-        let caches = entry.caches();
-        if guard.list(list).len() >= caches.limit(&guard, list) {
-            return Self::keep_draining(guard, list, entry);
+        if order > PCP_MAX_ORDER {
+            // Schedules a reporting pass (which gives the block back first) as its free
+            // to the zone would have; the pass comes after the reporting delay.
+            caches.kept_huge_block();
         }
-        caches.counters.count_keep(&guard, list, list_order(list));
-        // Schedules a reporting pass (which gives the block back first) as its free to
-        // the zone would have; the pass comes after the reporting delay.
-        caches.kept_huge_block();
         entry.reuse();
         guard.list(list).push(entry);
         Ok(())

@@ -439,8 +439,10 @@ fn print_table(all: &[Case], series: &[Series]) -> BenchResult {
 /// What the front door's figures go through, for the output.
 const KEPT_NOTE: &str = "a block freed dirty is kept for the next allocation of its order on \
      the thread's slot, up to one cache batch of pages per order up to 3 (here 128 order-0 or \
-     16 order-3 blocks) and 16 MiB of 2 MiB blocks (8), so a batch within that never reaches \
-     the allocator and order 3's batch of 64 mostly does; --batch changes the batch";
+     16 order-3 blocks) and 16 MiB of 2 MiB blocks (8), growing while allocations find none \
+     kept up to an eighth of the memory over the slots (here 1 GiB / 8 / CPUs: 32 blocks on \
+     2 CPUs), so a batch within that never reaches the allocator and order 3's batch of 64 \
+     mostly does; --batch changes the batch";
 
 #[cfg(test)]
 mod tests {

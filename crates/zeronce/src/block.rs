@@ -65,6 +65,9 @@ impl Keep for Claimed {
     fn into_claim(self) -> (Block, ClaimedBytes) {
         (self.alloc.block(), self.bytes)
     }
+    fn take_claim(&mut self) -> (Block, ClaimedBytes) {
+        (self.alloc.block(), std::mem::take(&mut self.bytes))
+    }
 }
 
 /// What a [`PageBlock`] holds of its owner: it keeps the owner alive and has the owner's

@@ -37,7 +37,13 @@
 //! bounded per slot: per small order one cache batch (`pcp_batch_pages`, at most 1/64 of
 //! the memory) kept and `pcp_high_pages` cached; [`KEPT_HUGE_BYTES`] of huge blocks kept
 //! (at most 1/64 of the memory, none while a background zeroer runs: there a freed chunk
-//! is meant to be zeroed off the allocation path at once).
+//! is meant to be zeroed off the allocation path at once). The huge limit adapts as
+//! Linux's `pcp->high` does (auto-tuned between `high_min` and `high_max`): every huge
+//! allocation that finds none of its owner's kept on its slot lets the slot keep one
+//! more, up to an eighth of the memory shared by the slots (Linux's `high_max`), and
+//! every drain of the slot takes it back to the base. A free into a full huge list gives
+//! the list's oldest blocks back to the manager together, under one zone lock
+//! ([`drain`], Linux's `free_pcppages_bulk`), and keeps the freed block.
 //!
 //! **The way back.** Every allocated block reaches the manager through one function,
 //! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going
@@ -70,8 +76,9 @@ use crate::claimed::ClaimedBytes;
 use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
+mod drain;
 mod slots;
-use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, LISTS};
+use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
 pub(crate) use slots::{Slots, HUGE_ORDER};
 
 /// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
@@ -90,6 +97,8 @@ pub(crate) trait Keep: Send + Sized + 'static {
     fn reuse(&mut self);
     /// The block and its claimed bytes, on their way back to the manager.
     fn into_claim(self) -> (Block, ClaimedBytes);
+    /// The block and its claimed bytes, taken out (the owner reference stays).
+    fn take_claim(&mut self) -> (Block, ClaimedBytes);
 }
 
 /// Where [`ThreadCaches::give_back`] sends a block.
@@ -106,8 +115,10 @@ pub(crate) enum Via {
 /// lists hold.
 pub(crate) struct ThreadCaches<E> {
     pcp: PerThread<TryLock<PcpCache<Arc<MemoryManager>>>>,
-    /// Most blocks kept per slot, per kept list.
+    /// Most blocks kept per slot, per kept list, at first (the base limit).
     kept_limit: [usize; LISTS],
+    /// Most huge blocks a slot may keep beyond its base limit.
+    huge_extra_max: usize,
     /// Counters of the kept blocks, per slot.
     counters: SlotCounters,
     /// Set when the owner's last handle is gone: no block is kept for it any more.
@@ -140,13 +151,21 @@ impl<E: Keep> ThreadCaches<E> {
             0
         };
         let fit = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        let counters = SlotCounters::new();
+        // Linux's `high_max`: an eighth of the memory, shared by the slots.
+        let huge_max = if huge == 0 {
+            0
+        } else {
+            (total * PAGE_SIZE / 8 / counters.slots() as u64 / HUGE_ORDER.bytes()).max(huge)
+        };
         ThreadCaches {
             pcp: PerThread::new(|| TryLock::new(PcpCache::new(Arc::clone(mm)))),
             kept_limit: std::array::from_fn(|list| match list_order(list) {
                 o if o == HUGE_ORDER => fit(huge),
                 o => fit(small >> o.get()).max(1),
             }),
-            counters: SlotCounters::new(),
+            huge_extra_max: fit(huge_max - huge),
+            counters,
             closed: AtomicBool::new(false),
             giving_back: Mutex::new(()),
             mm: Arc::clone(mm),
@@ -185,9 +204,34 @@ impl<E: Keep> ThreadCaches<E> {
     /// that order is this owner's; counted as an allocation.
     #[inline]
     pub(crate) fn take(&self, order: Order) -> Option<E> {
-        let (guard, list, entry) = self.pop_mine(order)?;
+        let list = list_of(order)?;
+        let mut guard = SlotGuard::try_mine(E::slots())?;
+        let Some(entry) = Self::pop_mine_from(&mut guard, list, self) else {
+            if list == HUGE_LIST {
+                self.missed_huge(&guard);
+            }
+            return None;
+        };
         self.counters.count_take(&guard, list);
         Some(entry)
+    }
+
+    /// An allocation of a huge block found none kept on the guarded slot: it may keep one
+    /// more (see the module docs, "Bounds").
+    #[inline(never)]
+    fn missed_huge(&self, guard: &SlotGuard<E>) {
+        self.counters.raise_huge_extra(guard, self.huge_extra_max);
+    }
+
+    /// Most blocks of this owner's the guarded slot keeps on list `list`.
+    #[inline]
+    fn limit(&self, guard: &SlotGuard<E>, list: usize) -> usize {
+        let base = self.kept_limit[list];
+        if list == HUGE_LIST && base > 0 {
+            base + self.counters.huge_extra(guard)
+        } else {
+            base
+        }
     }
 
     /// Pops the calling thread's slot's most recent kept block of `order` if it is this
@@ -196,11 +240,18 @@ impl<E: Keep> ThreadCaches<E> {
     fn pop_mine(&self, order: Order) -> Option<(SlotGuard<E>, usize, E)> {
         let list = list_of(order)?;
         let mut guard = SlotGuard::try_mine(E::slots())?;
-        if !std::ptr::eq(guard.list(list).last()?.caches(), self) {
+        let entry = Self::pop_mine_from(&mut guard, list, self)?;
+        Some((guard, list, entry))
+    }
+
+    /// Pops the most recent kept block of list `list` of the guarded slot if it is
+    /// `owner`'s.
+    #[inline]
+    fn pop_mine_from(guard: &mut SlotGuard<E>, list: usize, owner: &Self) -> Option<E> {
+        if !std::ptr::eq(guard.list(list).last()?.caches(), owner) {
             return None;
         }
-        let entry = guard.list(list).pop()?;
-        Some((guard, list, entry))
+        guard.list(list).pop()
     }
 
     /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
@@ -216,8 +267,17 @@ impl<E: Keep> ThreadCaches<E> {
             return Err(entry);
         };
         let caches = entry.caches();
-        if caches.is_closed() || guard.list(list).len() >= caches.kept_limit[list] {
+        if caches.is_closed() {
             return Err(entry);
+        }
+        if guard.list(list).len() >= caches.kept_limit[list] {
+            // Full at the base limit: a huge list may keep more, or makes room.
+            if order <= PCP_MAX_ORDER {
+                return Err(entry);
+            }
+            if guard.list(list).len() >= caches.limit(&guard, list) {
+                return Self::keep_draining(guard, list, entry);
+            }
         }
         caches.counters.count_keep(&guard, list, order);
         if order > PCP_MAX_ORDER {
@@ -270,6 +330,7 @@ impl<E: Keep> ThreadCaches<E> {
                 let n = (out.len() - before) as u64;
                 self.counters.count_given_back(&guard, list, n);
             }
+            self.counters.reset_huge_extra(&guard);
         }
         for entry in out {
             self.give_back_kept(entry);
@@ -344,8 +405,9 @@ impl<E: Keep> ThreadCaches<E> {
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
         let first = {
+            // The slot is tried only for an order it caches (a try is a locked swap).
             let cached = !req.zeroed && order <= PCP_MAX_ORDER;
-            match self.pcp.mine().try_lock().filter(|_| cached) {
+            match cached.then(|| self.pcp.mine().try_lock()).flatten() {
                 // Nothing to zero: the prefix does not matter.
                 Some(mut pcp) => pcp.alloc(order, req),
                 None => self.mm.alloc_prefix(order, req, used_pages),

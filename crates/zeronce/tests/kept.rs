@@ -252,3 +252,68 @@ fn a_refused_known_zero_free_leaves_the_block_dirty_and_counted_once() {
         );
     }
 }
+
+/// Huge blocks a slot keeps at most on this machine: the base (16 MiB) or, once
+/// allocations found none kept, an eighth of the memory shared by the slots (one per CPU,
+/// rounded up to a power of two, at most 64), whichever is more.
+fn most_huge_kept() -> usize {
+    let slots = std::thread::available_parallelism()
+        .map_or(1, |n| n.get().min(64))
+        .next_power_of_two();
+    (SIZE / 8 / slots / (2 << 20)).max(8)
+}
+
+#[test]
+fn a_slot_keeps_more_huge_blocks_while_allocations_find_none_and_gives_the_oldest_back() {
+    let pm = plain();
+    let most = most_huge_kept();
+    let n = most + 20;
+    // Every allocation past the kept blocks lets the slot keep one more.
+    let blocks: Vec<_> = (0..n)
+        .map(|i| {
+            let mut b = pm.alloc(order(9)).unwrap();
+            b.as_mut_slice()[0] = i as u8;
+            b
+        })
+        .collect();
+    let order_of_frees: Vec<_> = blocks.iter().map(PageBlock::block).collect();
+    drop(blocks);
+    let s = pm.manager().stats();
+    let kept = (s.allocated_pages / 512) as usize;
+    assert!(
+        kept <= most && kept + 8 > most,
+        "{kept} kept, at most {most}, the last batch back at most 8"
+    );
+    assert_eq!(
+        s.allocs[9], n as u64,
+        "the manager allocated every block once"
+    );
+    assert_eq!(s.frees[9] as usize, n - kept, "each block freed once");
+    // The oldest went back (in batches), the most recent are kept.
+    let first = order_of_frees[0];
+    let last = order_of_frees[n - 1];
+    assert!(
+        pm.manager().free_state_of(first.pfn).is_some(),
+        "{first} kept"
+    );
+    assert!(
+        pm.manager().free_state_of(last.pfn).is_none(),
+        "{last} not kept"
+    );
+    let again = pm.alloc(order(9)).unwrap();
+    assert_eq!(again.block(), last, "not the most recent kept block");
+    assert_eq!(pm.manager().stats().allocs[9], n as u64);
+    drop(again);
+    // Everything back on a drain, counted as calls.
+    let s = pm.stats().mm;
+    assert_eq!((s.allocs[9], s.frees[9]), (n as u64 + 1, n as u64 + 1));
+    assert_eq!((s.allocated_pages, s.verify_failures), (0, 0));
+    pm.manager().check_invariants().unwrap();
+    // A drain takes the slot back to the base (16 MiB): blocks held across it and freed
+    // afterwards, with no allocation in between, are kept up to the base only.
+    let held: Vec<_> = (0..most).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    let _ = pm.stats();
+    drop(held);
+    let kept = pm.manager().stats().allocated_pages / 512;
+    assert!(kept <= 8, "{kept} kept after a drain");
+}

@@ -414,23 +414,79 @@ impl MemoryManager {
             FreeHint::Dirty => FreeState::DIRTY,
             FreeHint::KnownZero => FreeState::ZERO,
         };
-        let reportable = {
-            let mut zone = lock(slot);
-            if hint == FreeHint::KnownZero && self.config.verify {
-                // Check ownership first so we never read pages that are not the caller's.
-                zone.check_allocated(block)?;
-                if !self.zeroer.is_zero(block.range()) {
-                    self.counters.verify_failures.fetch_add(1, Relaxed);
-                    return Err(FreeError::VerifyFailed(block));
-                }
-            }
-            let (merged, merged_state) = zone.free(block, state)?;
-            self.count_reportable(slot, merged, merged_state)
-        };
+        let reportable = self.free_locked(slot, &mut lock(slot), block, hint, state)?;
         if reportable {
             self.notify_reportable(slot);
         }
         Ok(())
+    }
+
+    /// [`MemoryManager::free`] of every block of `blocks` with `hint`, one zone lock for
+    /// each run of blocks of one zone (Linux `free_pcppages_bulk`): the same checks, state
+    /// and notification as freeing them one by one. A block that cannot be freed is
+    /// passed to `failed` with its error (outside the lock) and changes nothing.
+    pub fn free_each(
+        &self,
+        blocks: &[Block],
+        hint: FreeHint,
+        mut failed: impl FnMut(Block, FreeError),
+    ) {
+        let state = match hint {
+            FreeHint::Dirty => FreeState::DIRTY,
+            FreeHint::KnownZero => FreeState::ZERO,
+        };
+        let mut rest = blocks;
+        while let Some(&first) = rest.first() {
+            let Some(slot) = self.slot_of(first.pfn) else {
+                failed(first, FreeError::NotOwned(first.pfn));
+                rest = &rest[1..];
+                continue;
+            };
+            let run = rest
+                .iter()
+                .take_while(|b| slot.range.contains(b.pfn))
+                .count();
+            let mut errors: Vec<(Block, FreeError)> = Vec::new();
+            let mut reportable = false;
+            {
+                let mut zone = lock(slot);
+                for &block in &rest[..run] {
+                    match self.free_locked(slot, &mut zone, block, hint, state) {
+                        Ok(r) => reportable |= r,
+                        Err(e) => errors.push((block, e)),
+                    }
+                }
+            }
+            if reportable {
+                self.notify_reportable(slot);
+            }
+            for (block, e) in errors {
+                failed(block, e);
+            }
+            rest = &rest[run..];
+        }
+    }
+
+    /// The part of a free under the zone lock: checks, frees `block` in `state` (the
+    /// state of `hint`) and counts it; whether the merged block is reportable.
+    fn free_locked(
+        &self,
+        slot: &ZoneSlot,
+        zone: &mut Zone,
+        block: Block,
+        hint: FreeHint,
+        state: FreeState,
+    ) -> Result<bool, FreeError> {
+        if hint == FreeHint::KnownZero && self.config.verify {
+            // Check ownership first so we never read pages that are not the caller's.
+            zone.check_allocated(block)?;
+            if !self.zeroer.is_zero(block.range()) {
+                self.counters.verify_failures.fetch_add(1, Relaxed);
+                return Err(FreeError::VerifyFailed(block));
+            }
+        }
+        let (merged, merged_state) = zone.free(block, state)?;
+        Ok(self.count_reportable(slot, merged, merged_state))
     }
 
     /// Whether a free that produced `merged` in `state` is reportable (Linux

@@ -335,16 +335,21 @@ impl Zone {
         block: Block,
         state: FreeState,
     ) -> Result<(Block, FreeState), FreeError> {
-        self.check_allocated(block)?;
+        let allocated = Tag::Allocated { order: block.order };
+        let head_allocated = block.order <= self.max_order
+            && self.range.contains_range(&block.range())
+            && block.is_aligned()
+            && self.tags.get(self.idx(block.pfn)) == allocated;
+        if !head_allocated {
+            // Not the head of an allocated block of its order: name what it is (a head
+            // tag is what `check_allocated` finds first, so this is only the slow way).
+            self.check_allocated(block)?;
+        }
         let idx = self.idx(block.pfn);
         if block.order > crate::PCP_MAX_ORDER {
             // No cache ever writes the tag of such a block: the zone lock serialises it.
             self.tags.set(idx, Tag::Tail);
-        } else if self
-            .tags
-            .swap_if(idx, Tag::Allocated { order: block.order }, Tag::Tail)
-            .is_err()
-        {
+        } else if self.tags.swap_if(idx, allocated, Tag::Tail).is_err() {
             // A per-thread cache freed the same block concurrently (a caller bug): exactly
             // one of the two compare-and-swaps wins, the other reports the double free.
             self.check_allocated(block)?;

@@ -20,13 +20,16 @@ pub(crate) const HUGE_ORDER: Order =
 /// one of [`HUGE_ORDER`].
 pub(super) const LISTS: usize = PCP_MAX_ORDER.index() + 2;
 
+/// The kept list of [`HUGE_ORDER`].
+pub(super) const HUGE_LIST: usize = LISTS - 1;
+
 /// The kept list of `order`, if blocks of that order are kept.
 #[inline]
 pub(super) fn list_of(order: Order) -> Option<usize> {
     if order <= PCP_MAX_ORDER {
         Some(order.index())
     } else if order == HUGE_ORDER {
-        Some(LISTS - 1)
+        Some(HUGE_LIST)
     } else {
         None
     }
@@ -35,7 +38,7 @@ pub(super) fn list_of(order: Order) -> Option<usize> {
 /// The order of the blocks of kept list `list`.
 pub(super) fn list_order(list: usize) -> Order {
     match u8::try_from(list).ok().and_then(|o| Order::new(o).ok()) {
-        Some(o) if list < LISTS - 1 => o,
+        Some(o) if list < HUGE_LIST => o,
         _ => HUGE_ORDER,
     }
 }
@@ -105,6 +108,8 @@ struct KeptCounters {
     /// Bytes in kept lists freed by their owners (the zero map counts them once they
     /// reach the manager).
     freed_bytes: AtomicU64,
+    /// Huge blocks the slot may keep beyond the base limit (see [`super`], "Bounds").
+    huge_extra: AtomicU64,
 }
 
 /// Adds `by` to a counter only one thread writes at a time.
@@ -161,6 +166,33 @@ impl SlotCounters {
                 &c.freed_bytes,
                 (n * list_order(list).bytes()).wrapping_neg(),
             );
+        }
+    }
+
+    /// Huge blocks the guarded slot may keep beyond the base limit.
+    #[inline]
+    pub(super) fn huge_extra<E>(&self, guard: &SlotGuard<E>) -> usize {
+        self.of(guard)
+            .map_or(0, |c| c.huge_extra.load(Relaxed) as usize)
+    }
+
+    /// An allocation of a huge block on the guarded slot found none kept: the slot may
+    /// keep one more, up to `most` beyond the base limit (Linux raises `pcp->high` by a
+    /// batch at each refill, up to `high_max`).
+    pub(super) fn raise_huge_extra<E>(&self, guard: &SlotGuard<E>, most: usize) {
+        if let Some(c) = self.of(guard) {
+            let now = c.huge_extra.load(Relaxed);
+            if now < most as u64 {
+                c.huge_extra.store(now + 1, Relaxed);
+            }
+        }
+    }
+
+    /// The guarded slot's kept lists were emptied: back to the base limit (Linux decays
+    /// `pcp->high` towards `high_min`).
+    pub(super) fn reset_huge_extra<E>(&self, guard: &SlotGuard<E>) {
+        if let Some(c) = self.of(guard) {
+            c.huge_extra.store(0, Relaxed);
         }
     }
 

@@ -52,7 +52,27 @@ impl WrittenPages {
     }
 
     /// Marks the pages of `range` written (`true`) or reading zero.
+    #[inline]
     pub(crate) fn mark(&self, range: PageRange, written: bool) {
+        let (start, end) = (range.start.0, range.end().0);
+        if start.is_multiple_of(64) && end.is_multiple_of(64) {
+            // Whole words (every block of 64 pages or more): one comparison a word, and
+            // no write where they already say so (a block handed out again).
+            let want = if written { u64::MAX } else { 0 };
+            // Words past the table are skipped, as below.
+            let hi = ((end / 64) as usize).min(self.0.len());
+            let lo = ((start / 64) as usize).min(hi);
+            for w in &self.0[lo..hi] {
+                if w.load(Acquire) != want {
+                    if written {
+                        w.fetch_or(u64::MAX, AcqRel);
+                    } else {
+                        w.fetch_and(0, AcqRel);
+                    }
+                }
+            }
+            return;
+        }
         for (word, mask) in words(range) {
             let Some(w) = self.0.get(word) else { return };
             // Only the holder of these pages changes their bits (see the module docs): when

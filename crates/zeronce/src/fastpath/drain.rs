@@ -1,0 +1,94 @@
+//! The way a full kept list of huge blocks makes room ([`ThreadCaches::keep_draining`]):
+//! its oldest blocks go back to the manager together, under one zone lock, as Linux's
+//! `free_pcppages_bulk` gives a per-CPU list's oldest pages back when it is over its high
+//! mark.
+
+use zeronce_mm::{Block, FreeHint, Order, Pfn};
+
+use super::slots::{list_order, SlotGuard};
+use super::{Keep, ThreadCaches};
+use crate::claimed::ClaimedBytes;
+
+/// Most kept huge blocks that go back to the manager together.
+const HUGE_DRAIN: usize = 8;
+
+impl<E: Keep> ThreadCaches<E> {
+    /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):
+    /// the list's oldest blocks, up to half of it and [`HUGE_DRAIN`], go back to the
+    /// manager under one zone lock (Linux `free_pcppages_bulk`) if they are `entry`'s
+    /// owner's, and `entry` is kept in their place. Back to the caller when the oldest
+    /// kept block is another owner's.
+    #[inline(never)]
+    pub(super) fn keep_draining(
+        mut guard: SlotGuard<E>,
+        list: usize,
+        mut entry: E,
+    ) -> Result<(), E> {
+        let caches = entry.caches();
+        let limit = caches.limit(&guard, list);
+        let n = guard
+            .list(list)
+            .iter()
+            .take((limit / 2).clamp(1, HUGE_DRAIN))
+            .take_while(|e| std::ptr::eq(e.caches(), caches))
+            .count();
+        if n == 0 {
+            return Err(entry);
+        }
+        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
+        // One drained entry holds the owner until the blocks are back. The others' owner
+        // references go now: not the last ones, as the owner's handles hold theirs until
+        // its close has taken this slot.
+        let mut holder: Option<E> = None;
+        for (c, mut e) in claims.iter_mut().zip(guard.list(list).drain(..n)) {
+            *c = Some(e.take_claim());
+            holder.get_or_insert(e);
+        }
+        caches.counters.count_given_back(&guard, list, n as u64);
+        caches.counters.count_keep(&guard, list, list_order(list));
+        caches.kept_huge_block();
+        entry.reuse();
+        guard.list(list).push(entry);
+        drop(guard);
+        if let Some(owner) = &holder {
+            owner.caches().give_back_claims(&mut claims);
+        }
+        Ok(())
+    }
+
+    /// Gives kept blocks taken out of their lists (`claims`: each block with its claimed
+    /// bytes, all this owner's) back to the manager as if their owner freed them now,
+    /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk.
+    fn give_back_claims(&self, claims: &mut [Option<(Block, ClaimedBytes)>]) {
+        let life = self.life();
+        let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
+        let mut n = 0;
+        for ((block, bytes), slot) in claims.iter_mut().flatten().zip(blocks.iter_mut()) {
+            if let Some(l) = life {
+                l.map.freed(*block, block.order.pages());
+            }
+            // The claim goes before the manager may touch the block.
+            bytes.release();
+            *slot = *block;
+            n += 1;
+        }
+        let blocks = &blocks[..n];
+        let mut failed = Vec::new();
+        self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {
+            tracing::error!(%e, %block, "giving a kept block back failed");
+            if let Some(l) = life {
+                // Still allocated: in use, every page written, as after a failed free.
+                l.map.handed_out(block);
+            }
+            failed.push(block);
+        });
+        if let Some(l) = life {
+            let freed = blocks.iter().filter(|b| !failed.contains(b));
+            l.map
+                .count_freed(freed.clone().map(|b| b.order.bytes()).sum());
+            for &b in freed {
+                l.after_free(b, FreeHint::Dirty);
+            }
+        }
+    }
+}

@@ -17,8 +17,8 @@ use zeronce_balloon::{BalloonOptions, FeatureOffer};
 
 use crate::cli::{action_request, BalloonAction};
 use crate::protocol_tests::{
-    ack, mem_table, send, u64_payload, Daemon, GET_FEATURES, GET_PROTOCOL_FEATURES, NEED_REPLY,
-    SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
+    ack, backend_channel, mem_table, send, u64_payload, Daemon, GET_FEATURES,
+    GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
 use crate::relay::recv_message;
 use crate::restart_tests::{start_ring, Ring};
@@ -81,18 +81,10 @@ impl Guest {
         get_u64(&s, GET_PROTOCOL_FEATURES);
         let proto = REPLY_ACK | BACKEND_REQ | CONFIG;
         send(&s, SET_PROTOCOL_FEATURES, 0, &u64_payload(proto), &[]);
-        let (channel, theirs) = UnixStream::pair().unwrap();
+        let channel = backend_channel(&s);
         channel
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        send(
-            &s,
-            wire::SET_BACKEND_REQ_FD,
-            NEED_REPLY,
-            &[],
-            &[OwnedFd::from(theirs)],
-        );
-        assert_eq!(ack(&s, wire::SET_BACKEND_REQ_FD), 0);
         let features = VERSION_1 | FREE_PAGE_HINT | PROTOCOL_FEATURES;
         send(&s, SET_FEATURES, NEED_REPLY, &u64_payload(features), &[]);
         assert_eq!(ack(&s, SET_FEATURES), 0);

@@ -16,8 +16,8 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::guest_ring::DriverBuf;
 
 use crate::protocol_tests::{
-    ack, recv_or_closed, send, u64_payload, Daemon, GET_FEATURES, GET_PROTOCOL_FEATURES,
-    NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
+    ack, backend_channel, recv_or_closed, send, u64_payload, Daemon, GET_FEATURES,
+    GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
 use crate::restart_tests::{start_ring, Ring, VA_BASE};
 use crate::vmm_tests::{
@@ -81,15 +81,7 @@ fn qemu_init(s: &UnixStream) -> u64 {
     send(s, SET_PROTOCOL_FEATURES, 0, &u64_payload(proto), &[]);
     assert_eq!(get_u64(s, GET_QUEUE_NUM), 4);
     let slots = get_u64(s, wire::GET_MAX_MEM_SLOTS);
-    let (_ours, theirs) = UnixStream::pair().unwrap();
-    send(
-        s,
-        wire::SET_BACKEND_REQ_FD,
-        NEED_REPLY,
-        &[],
-        &[OwnedFd::from(theirs)],
-    );
-    assert_eq!(ack(s, wire::SET_BACKEND_REQ_FD), 0);
+    let _ours = backend_channel(s);
     send(s, SET_OWNER, 0, &[], &[]);
     assert_eq!(get_u64(s, GET_FEATURES), offered);
     slots

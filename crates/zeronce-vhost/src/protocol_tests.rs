@@ -96,6 +96,21 @@ impl Drop for Daemon {
     }
 }
 
+/// SET_BACKEND_REQ_FD with NEED_REPLY, acknowledged: the front-end's end of the new
+/// back-end request channel.
+pub(crate) fn backend_channel(s: &UnixStream) -> UnixStream {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    send(
+        s,
+        wire::SET_BACKEND_REQ_FD,
+        NEED_REPLY,
+        &[],
+        &[OwnedFd::from(theirs)],
+    );
+    assert_eq!(ack(s, wire::SET_BACKEND_REQ_FD), 0);
+    ours
+}
+
 pub(crate) fn send(s: &UnixStream, request: u32, flags: u32, payload: &[u8], fds: &[OwnedFd]) {
     let h = Header {
         request,
@@ -177,15 +192,7 @@ pub(crate) fn handshake(s: &UnixStream) -> UnixStream {
     let wanted = (1 << 3) | (1 << 5) | (1 << 9); // REPLY_ACK, BACKEND_REQ, CONFIG
     assert_eq!(proto & wanted, wanted, "protocol features {proto:#x}");
     send(s, SET_PROTOCOL_FEATURES, 0, &u64_payload(wanted), &[]);
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    send(
-        s,
-        wire::SET_BACKEND_REQ_FD,
-        NEED_REPLY,
-        &[],
-        &[OwnedFd::from(theirs)],
-    );
-    assert_eq!(ack(s, wire::SET_BACKEND_REQ_FD), 0);
+    let ours = backend_channel(s);
     let acked = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 30) | (1 << 32);
     send(s, SET_FEATURES, NEED_REPLY, &u64_payload(acked), &[]);
     assert_eq!(ack(s, SET_FEATURES), 0);

@@ -17,8 +17,8 @@ use zeronce_mem::file_allocated_bytes;
 
 use crate::backing_tests::{memfd, share_memory, status, BLOCK};
 use crate::protocol_tests::{
-    ack, reply, send, u64_payload, Daemon, GET_CONFIG, GET_FEATURES, GET_PROTOCOL_FEATURES,
-    NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
+    ack, backend_channel, reply, send, u64_payload, Daemon, GET_CONFIG, GET_FEATURES,
+    GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
 use crate::relay::recv_message;
 use crate::restart_tests::{send_pfn, setup_ring, Ring, RingMsg};
@@ -270,15 +270,7 @@ fn cloud_hypervisor_generic_gets_inflate_and_deflate_only_and_each_is_served() {
             setup_ring(&s, i as u32, r, 0, steps, NEED_REPLY);
         }
     }
-    let (channel, theirs) = UnixStream::pair().unwrap();
-    send(
-        &s,
-        wire::SET_BACKEND_REQ_FD,
-        NEED_REPLY,
-        &[],
-        &[OwnedFd::from(theirs)],
-    );
-    assert_eq!(ack(&s, wire::SET_BACKEND_REQ_FD), 0);
+    let channel = backend_channel(&s);
     let st = status(&d);
     assert_eq!(st["features"], VERSION_1, "what SET_FEATURES carried: {st}");
 

@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 
 use crate::protocol_tests::{
-    ack, mem_table, reply, send, u64_payload, Daemon, GET_CONFIG, GET_FEATURES,
+    ack, backend_channel, mem_table, reply, send, u64_payload, Daemon, GET_CONFIG, GET_FEATURES,
     GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
 use crate::restart_tests::SET_VRING_NUM;
@@ -201,15 +201,7 @@ fn qemu_vhost_user_base_whole_space_config_writes_reach_the_device() {
             "the default bound"
         );
     }
-    let (_ours, theirs) = UnixStream::pair().unwrap();
-    send(
-        &s,
-        wire::SET_BACKEND_REQ_FD,
-        NEED_REPLY,
-        &[],
-        &[OwnedFd::from(theirs)],
-    );
-    assert_eq!(ack(&s, wire::SET_BACKEND_REQ_FD), 0);
+    let _ours = backend_channel(&s);
     send(&s, SET_OWNER, 0, &[], &[]);
     assert_eq!(get_u64(&s, GET_FEATURES), offered);
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use zeronce_mem::SharedRam;
+use zeronce_mem::{cache_resident_limit, SharedRam};
 use zeronce_mm::sync::{lock, wait};
 use zeronce_mm::{MemoryManager, PAGE_SIZE};
 
@@ -135,11 +135,17 @@ impl Target {
     }
 }
 
+/// How long after the free of a block that fits in the cache the zeroer threads start
+/// their pass (see [`run`]).
+const ZEROING_GRACE: Duration = Duration::from_millis(5);
+
 /// Wake-up flags of the zeroer threads.
 #[derive(Debug, Default)]
 struct Wake {
     /// Chunks were freed since the threads last looked.
     pending: bool,
+    /// One of those frees was of a block larger than [`cache_resident_limit`].
+    urgent: bool,
     /// Zeroing paused by the caller.
     paused: bool,
     /// Being dropped.
@@ -192,10 +198,17 @@ impl BackgroundZeroer {
         Ok(BackgroundZeroer { control, threads })
     }
 
-    /// Chunks were freed: wake a thread.
-    pub(crate) fn freed(&self) {
-        lock(&self.control.wake).pending = true;
-        self.control.cv.notify_all();
+    /// A block of `bytes` left dirty chunks: wake a thread (only the first free since the
+    /// threads last looked pays for the wake-up; see [`run`] for when it starts).
+    pub(crate) fn freed(&self, bytes: u64) {
+        let mut w = lock(&self.control.wake);
+        let urgent = bytes > cache_resident_limit() as u64;
+        if !w.pending || (urgent && !w.urgent) {
+            w.pending = true;
+            w.urgent |= urgent;
+            drop(w);
+            self.control.cv.notify_all();
+        }
     }
 
     /// Pauses (the current chunk is finished) or resumes zeroing.
@@ -211,7 +224,7 @@ impl BackgroundZeroer {
 
 fn run(control: &ZeroerControl, target: &Target, rate: Option<u64>) {
     loop {
-        {
+        let urgent = {
             let mut w = lock(&control.wake);
             while !w.shutdown && (w.paused || !w.pending) {
                 w = wait(&control.cv, w);
@@ -220,6 +233,16 @@ fn run(control: &ZeroerControl, target: &Target, rate: Option<u64>) {
                 return;
             }
             w.pending = false;
+            std::mem::take(&mut w.urgent)
+        };
+        // A block that fits in the cache, freed and at once allocated again (a buffer
+        // reused in a loop), is best zeroed by its allocation, through the cache it is
+        // hot in: zeroing it here first races that allocation and leaves it cache-cold.
+        // So after such frees the pass starts a moment later (blocks taken again by then
+        // are no longer free); after a larger one, at once (its zeroing then runs beside
+        // the allocation's, on another CPU).
+        if !urgent {
+            std::thread::sleep(ZEROING_GRACE);
         }
         target.pass(u64::MAX, &|| control.stop.load(Relaxed), rate);
     }

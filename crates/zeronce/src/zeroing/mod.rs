@@ -35,7 +35,7 @@ impl Lifecycle {
     pub(crate) fn after_free(&self, block: Block, hint: FreeHint) {
         if let Some(z) = &self.zeroer {
             if hint == FreeHint::Dirty && block.order >= self.map.chunk_order() {
-                z.freed();
+                z.freed(block.order.bytes());
             }
         }
     }

@@ -140,6 +140,12 @@ impl Daemon {
         );
     }
 
+    /// Waits until no thread serves a client connection: a closed connection counts
+    /// against the connection limits until its thread ends, a moment after the close.
+    pub fn wait_no_clients(&mut self) {
+        self.wait_for(|d| d.client_threads() == 0, "no client connection left");
+    }
+
     /// A `/proc/PID/status` field of the daemon (`Threads`, `VmRSS` in kB), and its
     /// number of open descriptors.
     pub fn status(&self, field: &str) -> u64 {

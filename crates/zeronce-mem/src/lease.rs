@@ -135,6 +135,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: open, fcntl(F_SETLEASE), mmap")]
     fn a_lease_sees_other_opens_and_mappings_but_not_dups_and_notices_a_later_open() {
         let path = scratch("probe");
         let mine = OpenOptions::new()

@@ -305,16 +305,19 @@ fn draw(path: &Path, judged: &[Value]) -> BenchResult {
 
 /// Runs the benchmark.
 pub fn run(a: &MallocArgs) -> BenchResult {
-    let (contenders, skipped) = contenders(a);
+    let (contenders, mut skipped) = contenders(a);
+    let sqlite3 = has_sqlite3();
+    if !sqlite3 {
+        skipped.push(
+            "skipped: sqlite3 not installed (apt-get install sqlite3): no real-program step".into(),
+        );
+    }
+    // On stderr now, and in the report (JSON `skipped`, the table's header lines).
     for s in &skipped {
         eprintln!("{s}");
     }
     let bin = compile()?;
     let dir = bin.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let sqlite3 = has_sqlite3();
-    if !sqlite3 {
-        eprintln!("skipped: sqlite3 not installed (apt-get install sqlite3): no real-program step");
-    }
     let steps = steps(a, sqlite3);
     let samples = a.common.pick(a.samples, 1, 5);
     let names: Vec<&'static str> = contenders.iter().map(|c| c.name).collect();

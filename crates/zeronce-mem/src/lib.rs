@@ -37,7 +37,9 @@ pub use lease::{lease_state, release_lease, take_write_lease, LeaseError, LeaseP
 /// Guest RAM: a mapping of one backing kind, owned like a `Box<[u8]>`.
 pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 /// Readers of what the kernel holds resident.
-pub use resident::{file_allocated_bytes, HugetlbPoolCounters, ProcessRss, ResidentError};
+pub use resident::{
+    file_allocated_bytes, peak_rss, HugetlbPoolCounters, ProcessRss, ResidentError,
+};
 /// Guest RAM shared between threads through exclusively claimed ranges.
 pub use shared::{ClaimError, RamRange, SharedRam};
 /// The vm-memory bridge: a region's backing, and discards of guest ranges.

@@ -67,13 +67,7 @@ impl ProcessRss {
 
     /// Parses the text of a `status` file; `None` if a field is missing.
     pub fn parse(status: &str) -> Option<ProcessRss> {
-        let field = |name: &str| {
-            status.lines().find_map(|l| {
-                let rest = l.strip_prefix(name)?.strip_prefix(':')?;
-                let kb: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
-                Some(kb * 1024)
-            })
-        };
+        let field = |name: &str| status_bytes(status, name);
         Some(ProcessRss {
             anon: field("RssAnon")?,
             file: field("RssFile")?,
@@ -85,6 +79,24 @@ impl ProcessRss {
     pub fn total(self) -> u64 {
         self.anon + self.file + self.shmem
     }
+}
+
+/// The calling process's peak resident set (`VmHWM` in `/proc/self/status`), in bytes.
+pub fn peak_rss() -> Result<u64, ResidentError> {
+    let path = Path::new("/proc/self/status");
+    status_bytes(&read_text(path)?, "VmHWM").ok_or_else(|| ResidentError::Parse {
+        path: path.to_owned(),
+        field: "VmHWM",
+    })
+}
+
+/// A `status` file's `name:  N kB` field, in bytes.
+fn status_bytes(status: &str, name: &str) -> Option<u64> {
+    status.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+        let kb: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+        Some(kb * 1024)
+    })
 }
 
 /// Bytes the file behind `fd` really has allocated (`fstat` `st_blocks` × 512): for a
@@ -206,6 +218,17 @@ pub(crate) fn resident_bytes(addr: *const u8, len: usize) -> Result<usize, Resid
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs /proc")]
+    fn the_process_peak_covers_what_this_test_touched() {
+        let touched = vec![1u8; 32 << 20];
+        let peak = peak_rss().expect("VmHWM in /proc/self/status");
+        assert!(
+            peak >= touched.len() as u64,
+            "VmHWM {peak} < 32 MiB touched"
+        );
+    }
 
     #[test]
     fn parses_status_fields() {

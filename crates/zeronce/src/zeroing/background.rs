@@ -201,8 +201,8 @@ impl BackgroundZeroer {
     /// A block of `bytes` left dirty chunks: wake a thread (only the first free since the
     /// threads last looked pays for the wake-up; see [`run`] for when it starts).
     pub(crate) fn freed(&self, bytes: u64) {
-        let mut w = lock(&self.control.wake);
         let urgent = bytes > cache_resident_limit() as u64;
+        let mut w = lock(&self.control.wake);
         if !w.pending || (urgent && !w.urgent) {
             w.pending = true;
             w.urgent |= urgent;

@@ -5,7 +5,9 @@
 //!
 //! Routing: an allocation of at least the threshold is offered to zeronce; what zeronce
 //! declines, and everything smaller, is mimalloc's. A pointer given back goes to zeronce
-//! if it lies in zeronce's range (two atomic loads, no lock), else to mimalloc.
+//! if it lies in zeronce's range (two atomic loads, no lock), else to mimalloc. The common
+//! cases — a small size, a pointer outside every zeronce range — are decided first by
+//! [`ROUTES`] (one or two loads) and go straight to mimalloc.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
@@ -13,6 +15,7 @@ use std::ptr::null_mut;
 
 use libmimalloc_sys as mi;
 
+use crate::routes::ROUTES;
 use crate::runtime;
 use crate::stderr::{bad_pointer, write_stderr};
 
@@ -73,6 +76,10 @@ fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
 /// `p` is a live block of this allocator (or in zeronce's range).
 unsafe fn usable(call: &str, p: *mut c_void) -> usize {
     let addr = p as usize;
+    if !ROUTES.may_be_large(addr) {
+        // SAFETY: outside every zeronce range: a live mimalloc block (the caller's promise).
+        return unsafe { mi::mi_usable_size(p) };
+    }
     match runtime::current() {
         Some(rt) if rt.owns(addr) => rt
             .large_usable(addr)
@@ -99,6 +106,10 @@ unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *m
 /// C `malloc`.
 #[inline(always)]
 fn c_malloc(size: usize) -> *mut c_void {
+    if ROUTES.is_small(size) {
+        // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
+        return or_enomem(unsafe { mi::mi_malloc(size) });
+    }
     alloc(size, NATURAL, false)
 }
 
@@ -107,6 +118,8 @@ fn c_malloc(size: usize) -> *mut c_void {
 #[inline(always)]
 fn c_calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
+        // SAFETY: mimalloc's `zalloc` takes any size and returns a zeroed block or NULL.
+        Some(total) if ROUTES.is_small(total) => or_enomem(unsafe { mi::mi_zalloc(total) }),
         Some(total) => alloc(total, NATURAL, true),
         None => or_enomem(null_mut()),
     }
@@ -119,9 +132,23 @@ fn c_calloc(n: usize, size: usize) -> *mut c_void {
 /// `p` is `NULL` or a live block of this allocator.
 #[inline(always)]
 unsafe fn c_free(p: *mut c_void) {
-    if p.is_null() {
-        return;
+    let addr = p as usize;
+    if !ROUTES.may_be_large(addr) {
+        // SAFETY: `NULL` or, outside every zeronce range, a live mimalloc block (the
+        // caller's promise); mimalloc ignores `NULL`.
+        return unsafe { mi::mi_free(p) };
     }
+    // SAFETY: the caller's promise.
+    unsafe { free_in_span(p) }
+}
+
+/// `free` of a pointer that may be zeronce's: out of line, so that the fast route of
+/// [`c_free`] saves no registers.
+///
+/// # Safety
+/// As [`c_free`].
+#[inline(never)]
+unsafe fn free_in_span(p: *mut c_void) {
     let addr = p as usize;
     if let Some(rt) = runtime::current() {
         if rt.owns(addr) {
@@ -152,6 +179,10 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return null_mut();
     }
     let addr = p as usize;
+    if ROUTES.is_small(size) && !ROUTES.may_be_large(addr) {
+        // SAFETY: a live mimalloc block (the caller's promise) staying mimalloc's.
+        return or_enomem(unsafe { mi::mi_realloc(p, size) });
+    }
     let rt = runtime::get();
     let large = rt.is_some_and(|rt| size >= rt.threshold());
     if let Some(rt) = rt.filter(|rt| rt.owns(addr)) {

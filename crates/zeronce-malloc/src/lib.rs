@@ -20,6 +20,7 @@
 mod config;
 mod ffi;
 mod inner;
+mod routes;
 mod runtime;
 mod stderr;
 

@@ -12,6 +12,7 @@ use zeronce_lib::ProcessBackend;
 use zeronce_mem::{in_backend, LargeAlloc};
 
 use crate::config::{Config, Host};
+use crate::routes::ROUTES;
 use crate::stderr::{keep_stderr_for_report, write_report};
 
 /// Arenas a process may have: its own, and one more in each generation of `fork`
@@ -75,6 +76,10 @@ fn init() -> Option<&'static Runtime> {
     }
     let r = RUNTIME.get_or_init(|| Runtime::new(Config::from_env()));
     let _ = INITIALISING.try_with(|c| c.set(false));
+    if !r.config.show_stats {
+        // Small allocations need nothing more of the runtime (the report would count them).
+        ROUTES.set_small_below(r.threshold());
+    }
     Some(r)
 }
 
@@ -140,12 +145,19 @@ impl Runtime {
     /// The address of a zeronce block of at least `size` bytes aligned to `align`
     /// (reading zero if `zeroed`), or `None`: zeronce declined (counted), mimalloc is asked.
     pub fn large_alloc(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
+        let backend = self.backend();
         let served = Layout::from_size_align(size, align)
             .ok()
             .and_then(|layout| {
-                let g = in_backend(|| self.backend().alloc(layout, zeroed))?;
+                let g = in_backend(|| backend.alloc(layout, zeroed))?;
                 (g.len() >= size && g.addr() % align == 0).then_some(g.addr())
             });
+        if let Some(addr) = served.filter(|&a| !ROUTES.may_be_large(a)) {
+            // The first block of this range: the fast route for `free` must know the
+            // range before the block leaves this thread.
+            let (base, len) = backend.range().unwrap_or((addr, size));
+            ROUTES.cover(base, len);
+        }
         let (n, bytes) = match served {
             Some(_) => (&self.counters.large_allocs, &self.counters.large_bytes),
             None => (

@@ -233,6 +233,13 @@ impl ProcessBackend {
         self.threshold
     }
 
+    /// The range's first address and length, once the first large allocation created it
+    /// (every block this backend hands out lies in it).
+    pub fn range(&self) -> Option<(usize, usize)> {
+        let base = self.base.load(Acquire);
+        (base != 0).then(|| (base, self.len.load(Acquire)))
+    }
+
     /// The process memory, once the first large allocation created it.
     pub fn memory(&self) -> Option<&ProcessMemory> {
         self.arena.get().map(|a| &a.pm)

@@ -25,7 +25,8 @@ pub struct MallocArgs {
     /// `--json`.
     #[command(flatten)]
     pub common: Common,
-    /// Samples (fresh processes) per contender and step [default: 5, quick 1].
+    /// Rounds: samples (fresh processes) per contender and step [default: 5, quick 1];
+    /// the short steps (small objects, sqlite3) take three samples a round.
     #[arg(long, value_parser = at_least_one)]
     pub samples: Option<usize>,
     /// `libzeronce.so` [default: beside this program, where `cargo build --release`
@@ -143,10 +144,16 @@ struct Step {
     args: Vec<String>,
     figure: &'static str,
     judged: bool,
+    /// Samples of this step per contender and round: more for the steps that take well
+    /// under a second and swing most between samples (small objects, sqlite3), so their
+    /// medians are of more samples at little cost.
+    per_round: usize,
 }
 
-/// 200k rows inserted in one transaction, then an index and a count.
-const SQL: &str = "PRAGMA journal_mode=OFF; BEGIN; CREATE TABLE t(a INTEGER, b TEXT);\n\
+/// 200k rows inserted in one transaction, then an index and a count. No journal and no
+/// `fsync` at the commit: the step times the program and its allocator, not the disk.
+const SQL: &str =
+    "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; BEGIN; CREATE TABLE t(a INTEGER, b TEXT);\n\
     WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<200000)\n\
     INSERT INTO t SELECT x, hex(randomblob(24)) FROM c;\n\
     CREATE INDEX tb ON t(b); COMMIT; SELECT count(*) FROM t;\n";
@@ -159,7 +166,10 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
         args: args.iter().map(|s| s.to_string()).collect(),
         figure,
         judged,
+        per_round: 1,
     };
+    // The short, noisy steps: three samples a round (one with --quick).
+    let short = a.common.pick(None, 1, 3);
     let mut v: Vec<Step> = [0, 100, 3000]
         .iter()
         .map(|d| {
@@ -172,7 +182,10 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
         })
         .collect();
     v.push(step("idle_768mib", &["idle", "768"], "rss_5s_mib", false));
-    v.push(step("small_2x2", &["small", "2", &ops], "wall_ms", false));
+    v.push(Step {
+        per_round: short,
+        ..step("small_2x2", &["small", "2", &ops], "wall_ms", false)
+    });
     // Cache-hot buffers at and above the default threshold, reused at once: what the
     // default threshold is chosen on (below it zeronce is mimalloc).
     // 1 GiB (quick) or 2 GiB written per sample, so the first round's faults on fresh
@@ -193,7 +206,10 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
         ));
     }
     if sqlite {
-        v.push(step("sqlite_200k", &[], "wall_ms", false));
+        v.push(Step {
+            per_round: short,
+            ..step("sqlite_200k", &[], "wall_ms", false)
+        });
     }
     v
 }
@@ -321,9 +337,14 @@ pub fn run(a: &MallocArgs) -> BenchResult {
     let steps = steps(a, sqlite3);
     let samples = a.common.pick(a.samples, 1, 5);
     let names: Vec<&'static str> = contenders.iter().map(|c| c.name).collect();
-    let step_names: Vec<String> = steps.iter().map(|s| s.name.clone()).collect();
-    let results = contest::interleave(samples, &names, &step_names, |k, i| {
-        let (step, lib) = (&steps[k], contenders[i].lib.as_deref());
+    // A step sampled more than once a round appears that many times in the schedule, its
+    // samples gathered under its one name.
+    let schedule: Vec<usize> = (0..steps.len())
+        .flat_map(|k| std::iter::repeat_n(k, steps[k].per_round))
+        .collect();
+    let step_names: Vec<String> = schedule.iter().map(|&k| steps[k].name.clone()).collect();
+    let results = contest::interleave(samples, &names, &step_names, |slot, i| {
+        let (step, lib) = (&steps[schedule[slot]], contenders[i].lib.as_deref());
         if step.args.is_empty() {
             return sqlite(&dir, lib).map(Some);
         }
@@ -345,6 +366,7 @@ pub fn run(a: &MallocArgs) -> BenchResult {
     let cpu = contest::cpu();
     let report = json!({
         "bench": "malloc", "samples": samples, "quick": a.common.quick,
+        "samples_per_round": steps.iter().map(|s| (s.name.clone(), json!(s.per_round))).collect::<Map<_, _>>(),
         "cpu": cpu["model"], "cpu_family": cpu["family"],
         "order": "rotated by one each round (round r starts with contender r mod n)",
         "skipped": skipped, "underneath": underneath,
@@ -447,5 +469,25 @@ mod tests {
             .iter()
             .any(|s| s.name == "sqlite_200k" && s.args.is_empty()));
         assert!(!steps(&a, false).iter().any(|s| s.name == "sqlite_200k"));
+    }
+
+    #[test]
+    fn the_short_steps_take_three_samples_a_round_and_one_when_quick() {
+        let args = |quick| MallocArgs {
+            common: Common { quick, json: false },
+            samples: None,
+            lib: None,
+            plot: None,
+        };
+        let per_round = |quick| -> Vec<(String, usize)> {
+            steps(&args(quick), true)
+                .into_iter()
+                .filter(|s| s.per_round > 1 || s.name.starts_with("small") || s.args.is_empty())
+                .map(|s| (s.name, s.per_round))
+                .collect()
+        };
+        let short = |n| vec![("small_2x2".to_string(), n), ("sqlite_200k".to_string(), n)];
+        assert_eq!(per_round(false), short(3));
+        assert_eq!(per_round(true), short(1));
     }
 }

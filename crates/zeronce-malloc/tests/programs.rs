@@ -462,6 +462,27 @@ fn sort_and_perl_on_large_buffers_print_the_same() {
 }
 
 #[test]
+fn lua_and_zstd_with_a_128_mib_window_print_the_same() {
+    need("lua5.4", "lua5.4");
+    need("zstd", "zstd");
+    need("sha256sum", "coreutils");
+    let data = text_data(&workdir("lua-zstd"), 100_000);
+    // Lua's allocator is one realloc function: its tables and strings grow through it past
+    // the threshold (a 64 MiB string, a 2-million-entry table: 11 large allocations).
+    // zstd --long=27 -T2 sizes its window, tables and worker buffers to the 3 MiB input
+    // (5 large allocations compressing, 1 decompressing), on two threads.
+    let ours = same_output(&shell(
+        "lua5.4 -e 'local t = {} for i = 1, 2000000 do t[i] = tostring(i) end \
+                    local s = table.concat(t) local big = string.rep(\"xy\", 32 << 20) \
+                    print(#s, #big, big:sub(-3))' && \
+         zstd -q -6 --long=27 -T2 -c \"$1\" | sha256sum && \
+         zstd -q -6 --long=27 -T2 -c \"$1\" | zstd -q -d --long=27 -c | sha256sum",
+        &data,
+    ));
+    assert_served(&ours, 4);
+}
+
+#[test]
 fn a_bad_setting_is_one_line_on_stderr_and_the_default() {
     let out = clean(Command::new("/bin/true"))
         .env("LD_PRELOAD", lib())

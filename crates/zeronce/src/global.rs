@@ -36,7 +36,7 @@ use std::alloc::Layout;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
-use std::sync::{Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, OnceLock, RwLockReadGuard};
 use std::time::Duration;
 
 use zeronce_mem::BackingKind;
@@ -48,6 +48,9 @@ use crate::block::PageBlock;
 use crate::process::is_internal_thread;
 use crate::process::{DiscardPolicy, ProcessMemory, ReportingSetup};
 use crate::ZeroerConfig;
+
+mod fork_gate;
+use fork_gate::{Closed, ForkGate};
 
 /// A global allocator: large allocations from zeronce's process mode, the rest from `A`.
 /// See the module docs.
@@ -98,7 +101,7 @@ impl Arena {
 thread_local! {
     /// The fork gates this thread holds for writing between `fork_prepare` and
     /// `fork_parent` / `fork_child`, by backend address (a process may have several).
-    static FORK_HELD: RefCell<Vec<(usize, RwLockWriteGuard<'static, ()>)>> =
+    static FORK_HELD: RefCell<Vec<(usize, Closed)>> =
         const { RefCell::new(Vec::new()) };
 }
 
@@ -117,9 +120,9 @@ pub struct ProcessBackend {
     zeroer: Option<ZeroerConfig>,
     verify: bool,
     state: AtomicU8,
-    /// Held for reading by every large allocation, free and grow; for writing across a
-    /// `fork` (see [`ProcessBackend::fork_prepare`]).
-    gate: RwLock<()>,
+    /// Passed by every large allocation, free and grow; closed across a `fork` (see
+    /// [`ProcessBackend::fork_prepare`]).
+    gate: ForkGate,
     /// Set in the child of a `fork`: the memory manager's threads did not survive it.
     forked: AtomicBool,
     live_bytes: AtomicU64,
@@ -161,7 +164,7 @@ impl ProcessBackend {
             zeroer: None,
             verify: false,
             state: AtomicU8::new(UNINIT),
-            gate: RwLock::new(()),
+            gate: ForkGate::new(),
             forked: AtomicBool::new(false),
             live_bytes: AtomicU64::new(0),
             peak_live_bytes: AtomicU64::new(0),
@@ -265,7 +268,7 @@ impl ProcessBackend {
     /// [`ProcessBackend::fork_parent`] or [`ProcessBackend::fork_child`], so the child
     /// inherits a consistent table of live blocks.
     pub fn fork_prepare(&'static self) {
-        let guard = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.gate.close();
         let me = self as *const Self as usize;
         let _ = FORK_HELD.try_with(|h| h.borrow_mut().push((me, guard)));
     }
@@ -288,7 +291,7 @@ impl ProcessBackend {
     }
 
     fn gate(&self) -> RwLockReadGuard<'_, ()> {
-        self.gate.read().unwrap_or_else(PoisonError::into_inner)
+        self.gate.enter()
     }
 
     fn count_live(&self, added: u64, removed: u64) {

@@ -188,8 +188,9 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
     });
     // Cache-hot buffers at and above the default threshold, reused at once: what the
     // default threshold is chosen on (below it zeronce is mimalloc).
-    // 1 GiB (quick) or 2 GiB written per sample, so the first round's faults on fresh
-    // memory weigh little.
+    // 1 GiB (quick) or 2 GiB written per sample. The figure is the reuse rounds' CPU: the
+    // first round's (fresh memory: its faults, on a virtual machine the host's, and for a
+    // huge-page arena 2 MiB faults) is reported apart, as `first_round_cpu_ms`.
     let hot_mib = a.common.pick(None, 1024, 2048);
     for (mib, name) in [
         (2, "hot_2mib"),

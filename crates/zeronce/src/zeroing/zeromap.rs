@@ -130,7 +130,8 @@ impl ZeroMap {
     fn overlapping(&self, range: PageRange) -> std::ops::Range<usize> {
         let shift = self.chunk_order.get();
         let first = (range.start.0 >> shift) as usize;
-        let end = (range.end().0.div_ceil(self.chunk_order.pages())) as usize;
+        // A shift, not a division: on the path of every block handed out or freed.
+        let end = ((range.end().0 + self.chunk_order.pages() - 1) >> shift) as usize;
         first.min(self.chunks.len())..end.min(self.chunks.len())
     }
 
@@ -156,10 +157,24 @@ impl ZeroMap {
     /// A block was handed out: its chunks become `Used` (after any zeroer on them ended),
     /// its pages written (its holder may write them).
     pub(crate) fn handed_out(&self, block: Block) {
-        for i in self.overlapping(block.range()) {
-            self.set(i, USED);
+        if block.order == self.chunk_order {
+            // One chunk (a 2 MiB block): no walk.
+            if let Some(i) = self.chunk_of(block) {
+                self.set(i, USED);
+            }
+        } else {
+            for i in self.overlapping(block.range()) {
+                self.set(i, USED);
+            }
         }
         self.written.mark(block.range(), true);
+    }
+
+    /// The chunk of `block`, a block of the chunk order, if the map has it.
+    #[inline]
+    fn chunk_of(&self, block: Block) -> Option<usize> {
+        let i = usize::try_from(block.pfn.0 >> self.chunk_order.get()).ok()?;
+        (i < self.chunks.len()).then_some(i)
     }
 
     /// Calls `f` on each run of pages of `range` written since they were last zeroed.
@@ -190,6 +205,13 @@ impl ZeroMap {
             false,
         );
         if block.order < self.chunk_order {
+            return;
+        }
+        if block.order == self.chunk_order {
+            // One chunk (a 2 MiB block): zero only when all of it reads zero.
+            if let Some(i) = self.chunk_of(block) {
+                self.set(i, if zero_from == 0 { ZERO } else { DIRTY });
+            }
             return;
         }
         let pages = self.chunk_order.pages();

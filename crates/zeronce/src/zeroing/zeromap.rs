@@ -157,8 +157,8 @@ impl ZeroMap {
     /// A block was handed out: its chunks become `Used` (after any zeroer on them ended),
     /// its pages written (its holder may write them).
     pub(crate) fn handed_out(&self, block: Block) {
-        if block.order == self.chunk_order {
-            // One chunk (a 2 MiB block): no walk.
+        if block.order <= self.chunk_order {
+            // One chunk (a block is naturally aligned): no walk.
             if let Some(i) = self.chunk_of(block) {
                 self.set(i, USED);
             }
@@ -170,7 +170,7 @@ impl ZeroMap {
         self.written.mark(block.range(), true);
     }
 
-    /// The chunk of `block`, a block of the chunk order, if the map has it.
+    /// The chunk holding `block`, a block of the chunk order or smaller, if the map has it.
     #[inline]
     fn chunk_of(&self, block: Block) -> Option<usize> {
         let i = usize::try_from(block.pfn.0 >> self.chunk_order.get()).ok()?;

@@ -279,7 +279,8 @@ fn c_pvalloc(size: usize) -> *mut c_void {
 }
 
 /// `malloc_usable_size`: bytes the caller may use (0 for `NULL`). For a zeronce block,
-/// its size rounded up to pages: the block's untouched tail stays unbacked.
+/// its size rounded up to pages: the block's untouched tail stays unbacked (a resident
+/// one is given back after the hold).
 ///
 /// # Safety
 /// `p` is `NULL` or a live block of this allocator.

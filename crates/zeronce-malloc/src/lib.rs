@@ -8,7 +8,8 @@
 //! zeronce's process mode (`zeronce::ProcessBackend`): a `calloc` of a known-zero block
 //! writes nothing, a freed block is zeroed in the background and given back to the kernel
 //! after the delay, `realloc` grows in place where the buddies are free, and a size that is
-//! not a power of two costs its size in RSS. Everything smaller comes from mimalloc,
+//! not a power of two costs its size in RSS, rounded up to 2 MiB (a reused block's resident
+//! tail once the allocation has lived for the hold). Everything smaller comes from mimalloc,
 //! compiled in (its own symbols are not exported). Settings: [`config`].
 //!
 //! The C functions are in `ffi.rs` and the library's own Rust allocator in [`inner`], the

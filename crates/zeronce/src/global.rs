@@ -17,8 +17,9 @@
 //! whatever zeronce declines (too large, too aligned, not initialised yet, out of memory),
 //! go to the inner allocator. `alloc_zeroed` (`vec![0; n]`, `calloc`) skips zeroing known
 //! zero memory, and zeroes only the pages the size covers; the untouched tail of a block
-//! is never backed (a resident tail is discarded), so a size that is not a power of two
-//! costs its size, not its block. `realloc` grows in place when the upper buddies are
+//! is never backed, and a resident one is given back (in whole huge pages) once the
+//! allocation has lived for the hold (see [`crate::tails`]), so a size that is not a power
+//! of two costs its size rounded up to 2 MiB, not its block. `realloc` grows in place when the upper buddies are
 //! free. Freed blocks are zeroed in the background, then reported
 //! ([`ReportingSetup::zero_then_report`], by default) or follow a [`DiscardPolicy`].
 //! Live blocks are found by address in one of 64 shards (a hash of the address picks it),
@@ -47,6 +48,7 @@ use zeronce_mm::{AllocRequest, Order, MAX_ORDER_LIMIT, PAGE_SIZE};
 use crate::block::PageBlock;
 use crate::process::is_internal_thread;
 use crate::process::{DiscardPolicy, ProcessMemory, ReportingSetup};
+use crate::tails::{tail_discard_from, Due, TailSweep};
 use crate::ZeroerConfig;
 
 mod fork_gate;
@@ -62,16 +64,35 @@ const MAX_ORDER: u8 = MAX_ORDER_LIMIT;
 const DEFAULT_RANGE: usize = 64 << 30;
 /// Alignment every block has (the range starts on a 2 MiB boundary).
 const BLOCK_ALIGN: usize = 2 << 20;
+/// How long a resident tail of a live block stays when neither a hold nor a reporting
+/// delay is set: the reporting engine's default delay.
+const DEFAULT_TAIL_HOLD: Duration = Duration::from_secs(2);
 
 const UNINIT: u8 = 0;
 const INITIALISING: u8 = 1;
 const READY: u8 = 2;
 const FAILED: u8 = 3;
 
-/// A live allocation: its block and how many of its pages the size covers.
+/// A live allocation: its block, how many of its pages the size covers, the page from
+/// which on it reads zero until freed (never written: known zero, or discarded), and
+/// when its resident tail is due to be given back (see [`crate::tails`]).
 struct Live {
     block: PageBlock,
     used_pages: u64,
+    zero_from: u64,
+    tail_due: Option<Due>,
+}
+
+impl Live {
+    /// Gives back the backing of the tail's whole huge pages.
+    fn discard_tail(&mut self) {
+        let from = tail_discard_from(self.used_pages, self.block.block().order);
+        match self.block.discard_tail(from) {
+            Ok(true) => self.zero_from = self.zero_from.min(from),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(%e, "zeronce global allocator: discarding a tail failed"),
+        }
+    }
 }
 
 /// Shards of the live-allocation table: a free, grow or size lookup locks one of them,
@@ -86,6 +107,7 @@ struct Shard(Mutex<BTreeMap<usize, Live>>);
 struct Arena {
     pm: ProcessMemory,
     live: [Shard; SHARDS],
+    tails: TailSweep,
 }
 
 impl Arena {
@@ -95,6 +117,21 @@ impl Arena {
         let page = (addr as u64) >> PAGE_SIZE.trailing_zeros();
         let i = page.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARDS.trailing_zeros());
         lock(&self.live[i as usize % SHARDS].0)
+    }
+
+    /// Gives back the resident tails that are due, if any is (see [`crate::tails`]).
+    fn sweep_tails(&self) {
+        let Some(sweep) = self.tails.begin() else {
+            return;
+        };
+        for shard in &self.live {
+            for live in lock(&shard.0).values_mut() {
+                if live.tail_due.is_some_and(|due| sweep.is_due(due)) {
+                    live.tail_due = None;
+                    live.discard_tail();
+                }
+            }
+        }
     }
 }
 
@@ -356,9 +393,13 @@ impl ProcessBackend {
             }
         };
         let (base, len) = (pm.ram().base_addr(), pm.ram().len());
+        // Tails are given back after the hold (the reporting delay without one), as the
+        // memory would be if it were free.
+        let hold = self.zero_then_report.or(self.delay);
         let arena = self.arena.get_or_init(|| Arena {
             pm,
             live: std::array::from_fn(|_| Shard::default()),
+            tails: TailSweep::new(hold.unwrap_or(DEFAULT_TAIL_HOLD)),
         });
         self.base.store(base, Release);
         self.len.store(len, Release);
@@ -394,20 +435,33 @@ impl LargeAlloc for ProcessBackend {
             return None;
         }
         let arena = self.arena()?;
+        arena.sweep_tails();
         let req = AllocRequest { zeroed, hint: None };
-        let mut block = arena.pm.alloc_prefix(order, req, used_pages).ok()?;
+        let block = arena.pm.alloc_prefix(order, req, used_pages).ok()?;
         let prior = block.allocation().prior;
-        if !(prior.known_zero && prior.reported) {
-            // The tail may be resident (used before, or zeroed in the background): give
-            // its backing back so it is not counted in the working set.
-            if let Err(e) = block.discard_tail(used_pages) {
-                tracing::warn!(%e, "zeronce global allocator: discarding a tail failed");
-            }
+        // Past the size, a known-zero block reads zero; a dirty one only once discarded.
+        let zero_from = if prior.known_zero {
+            used_pages
+        } else {
+            order.pages()
+        };
+        // A tail that may be resident (used before, or zeroed in the background) is given
+        // back if the allocation lives for the hold.
+        let resident_tail = !(prior.known_zero && prior.reported)
+            && tail_discard_from(used_pages, order) < order.pages();
+        let tail_due = resident_tail.then(|| arena.tails.due_from_now());
+        let mut live = Live {
+            block,
+            used_pages,
+            zero_from,
+            tail_due,
+        };
+        let grant = Grant::of(live.block.as_mut_slice());
+        arena.shard(grant.addr()).insert(grant.addr(), live);
+        if let Some(due) = tail_due {
+            // After the insert: a sweep from here on finds it.
+            arena.tails.pending(due);
         }
-        let grant = Grant::of(block.as_mut_slice());
-        arena
-            .shard(grant.addr())
-            .insert(grant.addr(), Live { block, used_pages });
         self.count_live(used_pages * PAGE_SIZE, 0);
         Some(grant)
     }
@@ -426,11 +480,14 @@ impl LargeAlloc for ProcessBackend {
             return false;
         };
         self.count_live(0, live.used_pages * PAGE_SIZE);
+        if !self.is_forked_child() {
+            arena.sweep_tails();
+        }
         if self.is_forked_child() {
             // The manager is not to be called in a child (see `fork_child`): the block
             // stays allocated in this copy of the range.
             std::mem::forget(live.block);
-        } else if let Err(e) = live.block.free_with_zero_tail(live.used_pages) {
+        } else if let Err(e) = live.block.free_with_zero_tail(live.zero_from) {
             tracing::error!(%e, "zeronce global allocator: free failed");
         }
         true
@@ -463,6 +520,7 @@ impl LargeAlloc for ProcessBackend {
         } else {
             live.used_pages = live.used_pages.max(pages);
         }
+        live.zero_from = live.zero_from.max(live.used_pages);
         let grant = Grant::of(live.block.as_mut_slice());
         let after = live.used_pages;
         drop(table);

@@ -64,6 +64,7 @@ mod error;
 mod fastpath;
 mod managed;
 mod policy;
+mod tails;
 mod threads;
 mod words;
 mod zeroing;

@@ -517,8 +517,14 @@ impl LargeAlloc for ProcessBackend {
             }
             // The grown part's backing is whatever it was: no longer an untouched tail.
             live.used_pages = order.pages();
+        } else if pages < live.used_pages {
+            // A shrink: the caller no longer needs the rest, so its whole huge pages go
+            // back at once (glibc's `mremap` of a mapped chunk does the same).
+            live.used_pages = pages;
+            live.tail_due = None;
+            live.discard_tail();
         } else {
-            live.used_pages = live.used_pages.max(pages);
+            live.used_pages = pages;
         }
         live.zero_from = live.zero_from.max(live.used_pages);
         let grant = Grant::of(live.block.as_mut_slice());

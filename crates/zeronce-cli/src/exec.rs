@@ -14,9 +14,11 @@ pub struct ExecArgs {
     command: Vec<OsString>,
 }
 
-/// Where the library is: `ZERONCE_LIB`, else beside `exe`.
+/// Where the library is: `ZERONCE_LIB` (unless empty), else beside `exe`; it must be an
+/// ELF file (anything else the dynamic loader skips with a warning, running the program
+/// without zeronce).
 fn library(exe: &Path, from_env: Option<OsString>) -> Result<PathBuf, String> {
-    let (path, how) = match from_env {
+    let (path, how) = match from_env.filter(|p| !p.is_empty()) {
         Some(p) => (PathBuf::from(p), "ZERONCE_LIB"),
         None => (
             exe.parent().unwrap_or(Path::new(".")).join("libzeronce.so"),
@@ -24,7 +26,19 @@ fn library(exe: &Path, from_env: Option<OsString>) -> Result<PathBuf, String> {
         ),
     };
     if path.is_file() {
-        Ok(path)
+        let mut magic = [0u8; 4];
+        let elf = std::fs::File::open(&path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
+            && magic == *b"\x7fELF";
+        if elf {
+            Ok(path)
+        } else {
+            Err(format!(
+                "{} ({how}) is not a shared library (no ELF header)",
+                path.display()
+            ))
+        }
     } else {
         Err(format!(
             "{} ({how}) does not exist: build it with `cargo build --release` (it lands \
@@ -71,8 +85,16 @@ mod tests {
             err.contains("libzeronce.so (beside the zeronce binary) does not exist"),
             "{err}"
         );
-        std::fs::write(dir.join("libzeronce.so"), b"").unwrap();
+        std::fs::write(dir.join("libzeronce.so"), b"root:x:0:0").unwrap();
+        let err = library(&exe, None).unwrap_err();
+        assert!(err.contains("is not a shared library"), "{err}");
+        std::fs::write(dir.join("libzeronce.so"), b"\x7fELF\x02\x01").unwrap();
         assert_eq!(library(&exe, None), Ok(dir.join("libzeronce.so")));
+        // An empty ZERONCE_LIB is no setting.
+        assert_eq!(
+            library(&exe, Some("".into())),
+            Ok(dir.join("libzeronce.so"))
+        );
         let err = library(&exe, Some("/nonexistent/lib.so".into())).unwrap_err();
         assert!(err.contains("/nonexistent/lib.so (ZERONCE_LIB)"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -32,6 +32,11 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+fn get_errno() -> c_int {
+    // SAFETY: `__errno_location` returns this thread's errno, valid for reads.
+    unsafe { *libc::__errno_location() }
+}
+
 /// `p`, or `NULL` with `errno = ENOMEM`.
 fn or_enomem(p: *mut c_void) -> *mut c_void {
     if p.is_null() {
@@ -44,9 +49,17 @@ fn or_enomem(p: *mut c_void) -> *mut c_void {
 fn alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     if let Some(rt) = runtime::get() {
         if size >= rt.threshold() {
-            if let Some(addr) = rt.large_alloc(size, align, zeroed) {
-                return addr as *mut c_void;
+            // A success leaves `errno` as it was (zeronce's and mimalloc's system calls on
+            // the way, a `madvise` refused or a first `mmap` retried, may set it).
+            let errno = get_errno();
+            let p = match rt.large_alloc(size, align, zeroed) {
+                Some(addr) => addr as *mut c_void,
+                None => small_alloc(size, align, zeroed),
+            };
+            if !p.is_null() {
+                set_errno(errno);
             }
+            return p;
         } else {
             rt.count_small(size);
         }

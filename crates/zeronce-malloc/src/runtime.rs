@@ -214,7 +214,7 @@ impl Runtime {
     pub fn report(&self) -> String {
         let c = &self.counters;
         let mut out = format!(
-            "zeronce: large (zeronce) {} in {} allocations; declined to mimalloc {} in {}; small (mimalloc) {} in {} allocations\n",
+            "zeronce: large (zeronce) {} in {} allocations; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {} in {} allocations\n",
             bytes(c.large_bytes.load(Relaxed)),
             c.large_allocs.load(Relaxed),
             bytes(c.declined_bytes.load(Relaxed)),

@@ -82,11 +82,18 @@ fn a_resident_tail_stays_while_young_and_goes_in_whole_huge_pages_after_the_hold
 fn a_shrink_in_place_gives_the_rest_back_at_once_in_whole_huge_pages() {
     let mut v = vec![7u8; 64 * MIB];
     let addr = v.as_ptr() as usize;
-    assert_eq!(resident(addr, 64 * MIB), 64 * MIB, "all 64 MiB were written");
+    assert_eq!(
+        resident(addr, 64 * MIB),
+        64 * MIB,
+        "all 64 MiB were written"
+    );
     v.truncate(3 * MIB);
     v.shrink_to_fit();
     assert_eq!(v.as_ptr() as usize, addr, "the shrink stayed in place");
-    assert!(v.iter().step_by(4096).all(|&b| b == 7), "the kept part kept its data");
+    assert!(
+        v.iter().step_by(4096).all(|&b| b == 7),
+        "the kept part kept its data"
+    );
     let rest = resident(addr + 4 * MIB, 60 * MIB);
     assert_eq!(
         rest,
@@ -94,7 +101,11 @@ fn a_shrink_in_place_gives_the_rest_back_at_once_in_whole_huge_pages() {
         "past the huge page holding the new size, {} KiB of 60 MiB stayed resident",
         rest >> 10
     );
-    assert_eq!(resident(addr, 4 * MIB), 4 * MIB, "the used huge pages stay whole");
+    assert_eq!(
+        resident(addr, 4 * MIB),
+        4 * MIB,
+        "the used huge pages stay whole"
+    );
     // Grown again in place, the given-back part reads zero until written.
     v.resize(32 * MIB, 0);
     assert!(v[3 * MIB..].iter().all(|&b| b == 0));

@@ -85,6 +85,15 @@ int main(int argc, char **argv) {
     memset(p, 3, malloc_usable_size(p));
     free(p);
     printf("malloc_usable_size(NULL): %zu\n", malloc_usable_size(NULL));
+    /* A successful allocation leaves errno alone: 8 MiB (zeronce's) and 3 GiB (over
+     * zeronce's largest block: passed to mimalloc, which tries a huge-page mapping first). */
+    size_t big[] = {8 * MIB, (size_t)3 << 30};
+    for (int i = 0; i < 2; i++) {
+        errno = 0;
+        p = malloc(big[i]);
+        printf("malloc(%zu MiB) then errno: %s\n", big[i] / MIB, p ? strerror(errno) : "NULL");
+        free(p);
+    }
     p = malloc(0);
     printf("malloc(0): %s\n", p ? "ptr" : "NULL");
     free(p);

@@ -20,7 +20,7 @@ use crate::protocol_tests::{
     ack, mem_table, reply, send, u64_payload, Daemon, GET_FEATURES, GET_PROTOCOL_FEATURES,
     NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
-use crate::restart_tests::{start_ring, stop_ring, Ring};
+use crate::restart_tests::{start_rings, stop_ring, Ring};
 use crate::wire;
 
 pub(crate) const MIB: u64 = 1 << 20;
@@ -68,10 +68,7 @@ impl Guest {
         send(&s, SET_FEATURES, NEED_REPLY, &u64_payload(FEATURES), &[]);
         assert_eq!(ack(&s, SET_FEATURES), 0);
         let mem = share_memory(&s, &file, NEED_REPLY);
-        let rings: Vec<Ring> = (0..3).map(|i| Ring::nth(&mem, i)).collect();
-        for (i, r) in rings.iter().enumerate() {
-            start_ring(&s, i as u32, r, 0);
-        }
+        let rings = start_rings(&s, &mem, 3);
         Guest {
             s,
             mem,
@@ -139,7 +136,7 @@ impl Guest {
 pub(crate) fn guest_mem(file: &File) -> GuestMemoryMmap {
     GuestMemoryMmap::<()>::from_ranges_with_files([(
         GuestAddress(0),
-        SIZE as usize,
+        file_len(file) as usize,
         Some(FileOffset::new(file.try_clone().unwrap(), 0)),
     )])
     .unwrap()
@@ -149,11 +146,21 @@ pub(crate) fn guest_mem(file: &File) -> GuestMemoryMmap {
 /// [`NEED_REPLY`], checks the ack): the test's own mapping of it.
 pub(crate) fn share_memory(s: &UnixStream, file: &File, flags: u32) -> GuestMemoryMmap {
     let fd = OwnedFd::from(file.try_clone().unwrap());
-    send(s, wire::SET_MEM_TABLE, flags, &mem_table(SIZE, 1), &[fd]);
+    send(
+        s,
+        wire::SET_MEM_TABLE,
+        flags,
+        &mem_table(file_len(file), 1),
+        &[fd],
+    );
     if flags & NEED_REPLY != 0 {
         assert_eq!(ack(s, wire::SET_MEM_TABLE), 0);
     }
     guest_mem(file)
+}
+
+fn file_len(file: &File) -> u64 {
+    file.metadata().unwrap().len()
 }
 
 /// A memfd of guest RAM.

@@ -6,22 +6,24 @@
 //! `send_cmd_id_stop`), the discards (the memfd's blocks drop), DONE, and
 //! `hint --status`; and a run whose guest goes silent, ended by the daemon's time limit.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zeronce_balloon::guest_ring::DriverBuf;
 use zeronce_balloon::{BalloonOptions, FeatureOffer};
 
+use crate::backing_tests::share_memory;
 use crate::cli::{action_request, BalloonAction};
 use crate::protocol_tests::{
-    ack, backend_channel, mem_table, send, u64_payload, Daemon, GET_FEATURES,
-    GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
+    ack, backend_channel, send, u64_payload, Daemon, GET_FEATURES, GET_PROTOCOL_FEATURES,
+    NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
 use crate::relay::recv_message;
-use crate::restart_tests::{start_ring, Ring};
+use crate::restart_tests::{start_rings, Ring};
 use crate::vmm_tests::{
     get_config, get_u64, le32, memfd, BACKEND_REQ, CONFIG, PROTOCOL_FEATURES, REPLY_ACK,
 };
@@ -68,7 +70,7 @@ struct Guest {
     s: UnixStream,
     channel: UnixStream,
     mem: GuestMemoryMmap,
-    fd: OwnedFd,
+    file: File,
     rings: Vec<Ring>,
 }
 
@@ -88,27 +90,14 @@ impl Guest {
         let features = VERSION_1 | FREE_PAGE_HINT | PROTOCOL_FEATURES;
         send(&s, SET_FEATURES, NEED_REPLY, &u64_payload(features), &[]);
         assert_eq!(ack(&s, SET_FEATURES), 0);
-        let fd = memfd(SIZE);
-        let file = std::fs::File::from(fd.try_clone().unwrap());
-        let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
-            GuestAddress(0),
-            SIZE as usize,
-            Some(FileOffset::new(file, 0)),
-        )])
-        .unwrap();
-        let table = mem_table(SIZE, 1);
-        let region = fd.try_clone().unwrap();
-        send(&s, wire::SET_MEM_TABLE, NEED_REPLY, &table, &[region]);
-        assert_eq!(ack(&s, wire::SET_MEM_TABLE), 0);
-        let rings: Vec<Ring> = (0..3u64).map(|i| Ring::nth(&mem, i)).collect();
-        for (i, r) in rings.iter().enumerate() {
-            start_ring(&s, i as u32, r, 0);
-        }
+        let file = File::from(memfd(SIZE));
+        let mem = share_memory(&s, &file, NEED_REPLY);
+        let rings = start_rings(&s, &mem, 3);
         Guest {
             s,
             channel,
             mem,
-            fd,
+            file,
             rings,
         }
     }
@@ -142,7 +131,7 @@ impl Guest {
 
     /// 512-byte blocks its memory file holds.
     fn blocks(&self) -> u64 {
-        rustix::fs::fstat(self.fd.as_fd()).unwrap().st_blocks as u64
+        rustix::fs::fstat(self.file.as_fd()).unwrap().st_blocks as u64
     }
 }
 

@@ -19,7 +19,7 @@ use crate::protocol_tests::{
     ack, backend_channel, recv_or_closed, send, u64_payload, Daemon, GET_FEATURES,
     GET_PROTOCOL_FEATURES, NEED_REPLY, SET_FEATURES, SET_OWNER, SET_PROTOCOL_FEATURES,
 };
-use crate::restart_tests::{start_ring, Ring, VA_BASE};
+use crate::restart_tests::{start_rings, VA_BASE};
 use crate::vmm_tests::{
     get_u64, memfd, BACKEND_REQ, CONFIG, CONFIGURE_MEM_SLOTS, GET_QUEUE_NUM, MQ, PROTOCOL_FEATURES,
     REPLY_ACK, RESET_DEVICE, STATUS,
@@ -115,10 +115,7 @@ fn qemu_hot_plug_regions_one_by_one_and_the_device_follows() {
         (GuestAddress(PLUGGED), PLUGGED_SIZE as usize, file(&dimm)),
     ])
     .unwrap();
-    let mut rings: Vec<Ring> = (0..3u64).map(|i| Ring::nth(&mem, i)).collect();
-    for (i, r) in rings.iter().enumerate() {
-        start_ring(&s, i as u32, r, 0);
-    }
+    let mut rings = start_rings(&s, &mem, 3);
 
     // A report into the plugged region is discarded: the DIMM's file gives its blocks back.
     let report = [DriverBuf::write(PLUGGED, MIB as u32)];

@@ -159,6 +159,15 @@ pub(crate) fn start_ring(s: &UnixStream, index: u32, ring: &Ring, base: u16) {
     setup_ring(s, index, ring, base, &QEMU_RING_ORDER, NEED_REPLY);
 }
 
+/// The first `n` rings of `mem` ([`Ring::nth`]), each started from index 0.
+pub(crate) fn start_rings(s: &UnixStream, mem: &GuestMemoryMmap, n: u64) -> Vec<Ring> {
+    let rings: Vec<Ring> = (0..n).map(|i| Ring::nth(mem, i)).collect();
+    for (i, r) in rings.iter().enumerate() {
+        start_ring(s, i as u32, r, 0);
+    }
+    rings
+}
+
 /// GET_VRING_BASE of ring `index`: the index the back-end answers.
 pub(crate) fn stop_ring(s: &UnixStream, index: u32) -> u32 {
     let p = [index.to_le_bytes(), 0u32.to_le_bytes()].concat();

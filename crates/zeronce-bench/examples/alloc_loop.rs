@@ -58,6 +58,16 @@ fn main() {
     let order = Order::new(a[2].parse().unwrap()).unwrap();
     let batch: usize = a[3].parse().unwrap();
     let iters: usize = a[4].parse().unwrap();
+    // One warm-up iteration, then `iters` timed: nanoseconds a pair.
+    let timed = |run: &mut dyn FnMut(usize)| {
+        run(1);
+        let t = std::time::Instant::now();
+        run(iters);
+        eprintln!(
+            "{:.1} ns/pair",
+            t.elapsed().as_nanos() as f64 / (batch * iters) as f64
+        );
+    };
     match a[1].as_str() {
         "front" => {
             let pm = ProcessMemory::builder()
@@ -65,24 +75,12 @@ fn main() {
                 .no_reporting()
                 .build()
                 .unwrap();
-            front(&pm, order, batch, 1);
-            let t = std::time::Instant::now();
-            front(&pm, order, batch, iters);
-            eprintln!(
-                "{:.1} ns/pair",
-                t.elapsed().as_nanos() as f64 / (batch * iters) as f64
-            );
+            timed(&mut |n| front(&pm, order, batch, n));
         }
         "bsa" => {
             let mut fa = FrameAllocator::<11>::new();
             fa.add_frame(0, PAGES as usize);
-            bsa(&mut fa, order.pages() as usize, batch, 1);
-            let t = std::time::Instant::now();
-            bsa(&mut fa, order.pages() as usize, batch, iters);
-            eprintln!(
-                "{:.1} ns/pair",
-                t.elapsed().as_nanos() as f64 / (batch * iters) as f64
-            );
+            timed(&mut |n| bsa(&mut fa, order.pages() as usize, batch, n));
         }
         _ => {
             let mm = MemoryManager::new(
@@ -90,13 +88,7 @@ fn main() {
                 Arc::new(NoopZeroer),
             )
             .unwrap();
-            manager(&mm, order, batch, 1);
-            let t = std::time::Instant::now();
-            manager(&mm, order, batch, iters);
-            eprintln!(
-                "{:.1} ns/pair",
-                t.elapsed().as_nanos() as f64 / (batch * iters) as f64
-            );
+            timed(&mut |n| manager(&mm, order, batch, n));
         }
     }
 }

@@ -25,6 +25,9 @@ use crate::stderr::{bad_pointer, write_stderr};
 const NATURAL: usize = 1;
 /// What mimalloc's plain calls give a block of at least this size.
 const MI_ALIGN: usize = 16;
+/// The least a mimalloc block handed out here holds: two words, the second its free mark
+/// while it is free (see [`crate::routes`]). (glibc's least is 24 bytes.)
+const SMALL_MIN: usize = 16;
 const PAGE: usize = 4096;
 
 fn set_errno(e: c_int) {
@@ -35,6 +38,18 @@ fn set_errno(e: c_int) {
 fn get_errno() -> c_int {
     // SAFETY: `__errno_location` returns this thread's errno, valid for reads.
     unsafe { *libc::__errno_location() }
+}
+
+/// Eight of the sixteen random bytes the kernel gives every process (`AT_RANDOM`), 0
+/// without them: the free mark's seed (read without allocating).
+pub(crate) fn aux_random() -> u64 {
+    // SAFETY: `getauxval` reads the process's auxiliary vector.
+    let at = unsafe { libc::getauxval(libc::AT_RANDOM) } as *const u64;
+    if at.is_null() {
+        return 0;
+    }
+    // SAFETY: `AT_RANDOM` points at 16 bytes that live as long as the process.
+    unsafe { at.read_unaligned() }
 }
 
 /// `p`, or `NULL` with `errno = ENOMEM`.
@@ -68,6 +83,7 @@ fn alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
 }
 
 fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    let size = size.max(SMALL_MIN);
     // SAFETY: mimalloc's allocation functions take any size and a power-of-two alignment
     // and return a block or NULL.
     let p = unsafe {
@@ -79,7 +95,68 @@ fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
             (false, true) => mi::mi_zalloc_aligned(size, align),
         }
     };
-    or_enomem(p)
+    or_enomem(if zeroed { p } else { unmarked(p) })
+}
+
+/// A new mimalloc block (or `NULL`) of at least [`SMALL_MIN`] bytes with its free-mark
+/// word cleared: whatever it held, the block is live now.
+#[inline(always)]
+fn unmarked(p: *mut c_void) -> *mut c_void {
+    if !p.is_null() {
+        // SAFETY: a live block of at least `SMALL_MIN` bytes, aligned to 8 or more.
+        unsafe { p.cast::<usize>().add(1).write(0) };
+    }
+    p
+}
+
+/// Aborts with one line when the mimalloc block `p` holds its free mark: freed already
+/// and not handed out since (see [`crate::routes`]). The word it returns is then marked
+/// by [`small_free`].
+///
+/// # Safety
+/// `p` is a block this allocator handed out from mimalloc (at least [`SMALL_MIN`] bytes;
+/// freed memory of mimalloc's stays mapped).
+#[inline(always)]
+unsafe fn mark_word(call: &str, p: *mut c_void) -> (*mut usize, usize) {
+    let word = p.cast::<usize>().wrapping_add(1);
+    let mark = ROUTES.free_mark(p as usize);
+    // SAFETY: the caller's promise.
+    if unsafe { word.read() } == mark {
+        bad_pointer(call, p as usize);
+    }
+    (word, mark)
+}
+
+/// Gives a mimalloc block (or `NULL`) back, marked free; aborts on a double free.
+///
+/// # Safety
+/// `p` is `NULL` or a live mimalloc block this allocator handed out.
+#[inline(always)]
+unsafe fn small_free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let (word, mark) = unsafe { mark_word("free", p) };
+    // SAFETY: the block is still the caller's until `mi_free`.
+    unsafe {
+        word.write(mark);
+        mi::mi_free(p)
+    }
+}
+
+/// `realloc` of a mimalloc block that stays mimalloc's; aborts on a freed one.
+///
+/// # Safety
+/// `p` is a live mimalloc block this allocator handed out.
+#[inline(always)]
+unsafe fn small_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: the caller's promise. A moved block's second word is a copy of the old
+    // one's (both hold at least `SMALL_MIN` bytes): no mark of its own address.
+    unsafe {
+        mark_word("realloc", p);
+        or_enomem(mi::mi_realloc(p, size.max(SMALL_MIN)))
+    }
 }
 
 /// The usable size of a live block; aborts for a pointer in zeronce's range that is not
@@ -121,7 +198,7 @@ unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *m
 fn c_malloc(size: usize) -> *mut c_void {
     if ROUTES.is_small(size) {
         // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
-        return or_enomem(unsafe { mi::mi_malloc(size) });
+        return or_enomem(unmarked(unsafe { mi::mi_malloc(size.max(SMALL_MIN)) }));
     }
     alloc(size, NATURAL, false)
 }
@@ -131,15 +208,17 @@ fn c_malloc(size: usize) -> *mut c_void {
 #[inline(always)]
 fn c_calloc(n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        // SAFETY: mimalloc's `zalloc` takes any size and returns a zeroed block or NULL.
-        Some(total) if ROUTES.is_small(total) => or_enomem(unsafe { mi::mi_zalloc(total) }),
+        Some(total) if ROUTES.is_small(total) => {
+            // SAFETY: mimalloc's `zalloc` takes any size and returns a zeroed block or NULL.
+            or_enomem(unsafe { mi::mi_zalloc(total.max(SMALL_MIN)) })
+        }
         Some(total) => alloc(total, NATURAL, true),
         None => or_enomem(null_mut()),
     }
 }
 
-/// C `free`: `NULL` is ignored; a pointer in zeronce's range that is not a live block
-/// (a double free) aborts with one line on stderr.
+/// C `free`: `NULL` is ignored; a pointer in zeronce's range that is not a live block, or
+/// a mimalloc block freed already (a double free), aborts with one line on stderr.
 ///
 /// # Safety
 /// `p` is `NULL` or a live block of this allocator.
@@ -148,8 +227,8 @@ unsafe fn c_free(p: *mut c_void) {
     let addr = p as usize;
     if !ROUTES.may_be_large(addr) {
         // SAFETY: `NULL` or, outside every zeronce range, a live mimalloc block (the
-        // caller's promise); mimalloc ignores `NULL`.
-        return unsafe { mi::mi_free(p) };
+        // caller's promise).
+        return unsafe { small_free(p) };
     }
     // SAFETY: the caller's promise.
     unsafe { free_in_span(p) }
@@ -172,7 +251,7 @@ unsafe fn free_in_span(p: *mut c_void) {
         }
     }
     // SAFETY: not zeronce's, so a live mimalloc block (the caller's promise).
-    unsafe { mi::mi_free(p) }
+    unsafe { small_free(p) }
 }
 
 /// C `realloc`, with glibc's `realloc(p, 0)`: frees `p` and returns `NULL`. A zeronce
@@ -194,7 +273,7 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let addr = p as usize;
     if ROUTES.is_small(size) && !ROUTES.may_be_large(addr) {
         // SAFETY: a live mimalloc block (the caller's promise) staying mimalloc's.
-        return or_enomem(unsafe { mi::mi_realloc(p, size) });
+        return unsafe { small_realloc(p, size) };
     }
     let rt = runtime::get();
     let large = rt.is_some_and(|rt| size >= rt.threshold());
@@ -216,7 +295,7 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return unsafe { moved(p, mi::mi_usable_size(p), size, new as *mut c_void) };
     }
     // SAFETY: a live mimalloc block (the caller's promise).
-    or_enomem(unsafe { mi::mi_realloc(p, size) })
+    unsafe { small_realloc(p, size) }
 }
 
 /// C `reallocarray`: `realloc(p, n * size)`, or `NULL` and `ENOMEM` (`p` untouched) when

@@ -4,6 +4,15 @@
 //!
 //! A program's calls are mostly small (sqlite3's bulk insert: 600 000 allocations, none
 //! large), so these two tests are what most calls pay on top of mimalloc's own work.
+//!
+//! The routes also hold the *free mark*: what `free` writes into the second word of a
+//! mimalloc block before giving it to mimalloc, which writes only the first word of a
+//! free block (its free-list link). A block whose second word already holds its mark when
+//! it is freed was freed before and not handed out since (every allocation clears the
+//! word): a double free, told and aborted on as glibc does, instead of a free-list cycle
+//! that hands one block out twice. The mark is the block's address mixed with a secret
+//! (random once the runtime exists), so a live block's own data matches it only by
+//! chance: a self-pointer, common in list heads, does not.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -18,7 +27,13 @@ pub struct Routes {
     /// covered before (see [`Routes::cover`]).
     lo: AtomicUsize,
     hi: AtomicUsize,
+    /// The secret of the free mark (see the module docs): never 0.
+    mark: AtomicUsize,
 }
+
+/// The free mark's secret until the runtime draws a random one: odd, no pattern a
+/// program writes.
+const FIRST_MARK: usize = 0x9e37_79b9_7f4a_7c15;
 
 /// The process's routes.
 pub static ROUTES: Routes = Routes::new();
@@ -30,7 +45,21 @@ impl Routes {
             small_below: AtomicUsize::new(0),
             lo: AtomicUsize::new(usize::MAX),
             hi: AtomicUsize::new(0),
+            mark: AtomicUsize::new(FIRST_MARK),
         }
+    }
+
+    /// The free mark of the block at `addr`: what its second word holds while it is free.
+    #[inline(always)]
+    pub fn free_mark(&self, addr: usize) -> usize {
+        self.mark.load(Relaxed) ^ addr
+    }
+
+    /// Mixes `seed` (random bytes) into the free mark's secret. A block freed before keeps
+    /// the old mark: a second free of it is then not seen, never wrongly seen.
+    pub fn seed_free_mark(&self, seed: u64) {
+        let mixed = (FIRST_MARK ^ seed as usize) | 1;
+        self.mark.store(mixed, Relaxed);
     }
 
     /// Whether an allocation of `size` bytes is mimalloc's without further checks.
@@ -75,6 +104,23 @@ mod tests {
         assert!(!r.may_be_large(0) && !r.may_be_large(usize::MAX - 1));
         r.set_small_below(2 << 20);
         assert!(r.is_small(0) && r.is_small((2 << 20) - 1) && !r.is_small(2 << 20));
+    }
+
+    #[test]
+    fn a_free_mark_is_the_address_mixed_with_a_secret_that_the_seed_changes() {
+        let r = Routes::new();
+        let (a, b) = (0x5000_0000_1000usize, 0x5000_0000_1010usize);
+        assert_ne!(r.free_mark(a), r.free_mark(b));
+        // A self-pointer (a list head's link to itself) or a zero word is no mark.
+        assert_ne!(r.free_mark(a), a);
+        assert_ne!(r.free_mark(a), 0);
+        let before = r.free_mark(a);
+        r.seed_free_mark(0x1234_5678_9abc_def0);
+        assert_ne!(r.free_mark(a), before);
+        assert_ne!(r.free_mark(a), a);
+        // A seed that cancels the first secret still leaves one.
+        r.seed_free_mark(FIRST_MARK as u64);
+        assert_ne!(r.free_mark(a), a);
     }
 
     #[test]

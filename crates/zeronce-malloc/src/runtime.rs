@@ -74,7 +74,10 @@ fn init() -> Option<&'static Runtime> {
     if !entered {
         return None;
     }
-    let r = RUNTIME.get_or_init(|| Runtime::new(Config::from_env()));
+    let r = RUNTIME.get_or_init(|| {
+        ROUTES.seed_free_mark(crate::ffi::aux_random());
+        Runtime::new(Config::from_env())
+    });
     let _ = INITIALISING.try_with(|c| c.set(false));
     if !r.config.show_stats {
         // Small allocations need nothing more of the runtime (the report would count them).

@@ -131,6 +131,31 @@ fn run(make: &dyn Fn() -> Command, preload: Option<&str>) -> Output {
     cmd.output().expect("run the program")
 }
 
+/// [`run`] under zeronce, killed after `secs` seconds: a program the allocator should
+/// abort must fail the test, not hang it (a corrupted free list can spin forever).
+fn run_abort(make: &dyn Fn() -> Command, secs: u64) -> Output {
+    let mut cmd = clean(make());
+    cmd.env("LD_PRELOAD", lib()).env("ZERONCE_SHOW_STATS", "1");
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the program");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().expect("wait for the program").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("reap the program");
+            panic!(
+                "still running after {secs} s (killed); stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect the output")
+}
+
 /// Runs the program on glibc and under libzeronce.so; both succeed with the same output.
 /// Returns zeronce's run.
 fn same_output(make: &dyn Fn() -> Command) -> Output {
@@ -279,9 +304,17 @@ fn aligned_alloc_of_a_non_power_of_two_is_einval() {
 
 #[test]
 fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
-    let exe = compile(&workdir("abuse"), "abuse.c", &[]);
-    for mode in ["double", "interior"] {
-        let out = run(&program(&exe, &[mode]), Some(&lib().to_string_lossy()));
+    let exe = compile(&workdir("abuse"), "abuse.c", &["-pthread"]);
+    let modes = [
+        ("double", "free"),
+        ("interior", "free"),
+        ("small-double", "free"),
+        ("tiny-double", "free"),
+        ("thread-double", "free"),
+        ("realloc-freed", "realloc"),
+    ];
+    for (mode, call) in modes {
+        let out = run_abort(&program(&exe, &[mode]), 60);
         let stderr = String::from_utf8_lossy(&out.stderr);
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(
@@ -298,11 +331,25 @@ fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
             "{mode}: {stderr}"
         );
         assert!(
-            stderr.starts_with("zeronce: free(): invalid pointer 0x"),
+            stderr.starts_with(&format!("zeronce: {call}(): invalid pointer 0x")),
             "{mode}: {stderr}"
         );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("not detected"));
     }
+}
+
+#[test]
+fn small_blocks_freed_once_are_never_taken_for_a_double_free() {
+    // Blocks handed out again after their free, self-pointing list heads, tiny blocks
+    // grown by realloc: each freed once, so none may abort.
+    let exe = compile(&workdir("abuse-fine"), "abuse.c", &["-pthread"]);
+    let out = run(&program(&exe, &["fine"]), Some(&lib().to_string_lossy()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
 }
 
 fn libc_sigabrt() -> i32 {

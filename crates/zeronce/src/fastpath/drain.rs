@@ -35,13 +35,21 @@ impl<E: Keep> ThreadCaches<E> {
         if n == 0 {
             return Err(entry);
         }
-        let mut claims: [Option<(Block, ClaimedBytes)>; HUGE_DRAIN] = [const { None }; HUGE_DRAIN];
+        // Blocks and their bytes in arrays of their own: each moves as whole words (an
+        // array of `Option<(Block, ClaimedBytes)>` packed the option's tag beside the
+        // order and was read back across its stores, a store-forwarding stall a block).
+        let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
+        let mut bytes: [ClaimedBytes; HUGE_DRAIN] = Default::default();
         // One drained entry holds the owner until the blocks are back. The others' owner
         // references go now: not the last ones, as the owner's handles hold theirs until
         // its close has taken this slot.
         let mut holder: Option<E> = None;
-        for (c, mut e) in claims.iter_mut().zip(guard.list(list).drain(..n)) {
-            *c = Some(e.take_claim());
+        for ((block, b), mut e) in blocks
+            .iter_mut()
+            .zip(&mut bytes)
+            .zip(guard.list(list).drain(..n))
+        {
+            (*block, *b) = e.take_claim();
             holder.get_or_insert(e);
         }
         caches.counters.count_given_back(&guard, list, n as u64);
@@ -51,28 +59,25 @@ impl<E: Keep> ThreadCaches<E> {
         guard.list(list).push(entry);
         drop(guard);
         if let Some(owner) = &holder {
-            owner.caches().give_back_claims(&mut claims);
+            owner
+                .caches()
+                .give_back_claims(&blocks[..n], &mut bytes[..n]);
         }
         Ok(())
     }
 
-    /// Gives kept blocks taken out of their lists (`claims`: each block with its claimed
-    /// bytes, all this owner's) back to the manager as if their owner freed them now,
+    /// Gives kept blocks taken out of their lists (`blocks`, each with its claimed
+    /// `bytes`, all this owner's) back to the manager as if their owner freed them now,
     /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk.
-    fn give_back_claims(&self, claims: &mut [Option<(Block, ClaimedBytes)>]) {
+    fn give_back_claims(&self, blocks: &[Block], bytes: &mut [ClaimedBytes]) {
         let life = self.life();
-        let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
-        let mut n = 0;
-        for ((block, bytes), slot) in claims.iter_mut().flatten().zip(blocks.iter_mut()) {
+        for (block, b) in blocks.iter().zip(bytes) {
             if let Some(l) = life {
                 l.map.freed(*block, block.order.pages());
             }
             // The claim goes before the manager may touch the block.
-            bytes.release();
-            *slot = *block;
-            n += 1;
+            b.release();
         }
-        let blocks = &blocks[..n];
         let mut failed = Vec::new();
         self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {
             tracing::error!(%e, %block, "giving a kept block back failed");

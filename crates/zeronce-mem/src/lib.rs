@@ -41,7 +41,7 @@ pub use resident::{
     file_allocated_bytes, peak_rss, HugetlbPoolCounters, ProcessRss, ResidentError,
 };
 /// Guest RAM shared between threads through exclusively claimed ranges.
-pub use shared::{ClaimError, RamRange, SharedRam};
+pub use shared::{ClaimError, RamClaim, RamRange, SharedRam};
 /// The vm-memory bridge: a region's backing, and discards of guest ranges.
 pub use vm::{
     describe_region, discard_guest_range, populate_guest_range, GuestDiscardError, RegionInfo,

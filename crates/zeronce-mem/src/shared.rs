@@ -1,5 +1,8 @@
 //! [`SharedRam`]: a [`GuestRam`] shared between threads, accessed through exclusively
-//! *claimed* byte ranges ([`RamRange`]).
+//! *claimed* byte ranges: a [`RamRange`] (holds the RAM, released on drop) or a bare
+//! [`RamClaim`] (holds nothing: its bytes are reached through the RAM it came from, and it
+//! ends with [`SharedRam::release`]), for an owner that keeps the RAM alive anyway and
+//! should not count a reference per block.
 //!
 //! `GuestRam` changes contents only through `&mut self`, which serialises every writer of
 //! the whole mapping. An allocator hands disjoint blocks to many threads at once; this type
@@ -12,6 +15,8 @@
 //! releasing a block costs an atomic operation or two on a word other threads are
 //! unlikely to use, instead of a lock every allocation of every thread takes.
 
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crate::claims::ClaimMap;
@@ -52,7 +57,43 @@ pub struct SharedRam {
     ram: GuestRam,
     /// Pages held by live claims.
     claims: ClaimMap,
+    /// This RAM's identity, never reused in the process: a [`RamClaim`] is honoured only
+    /// by the RAM that granted it.
+    id: NonZeroU64,
 }
+
+/// An exclusive claim on `[offset, offset + len)` of one [`SharedRam`] that holds no
+/// reference to it: its bytes are reached through that RAM ([`SharedRam::bytes`] and the
+/// other `*_claim` methods, which refuse a claim of another RAM), and it ends with
+/// [`SharedRam::release`]. Dropped without its release, its pages stay claimed (never
+/// handed out again): a leak, never an alias.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a claim dropped without SharedRam::release keeps its pages claimed"]
+pub struct RamClaim {
+    ram: NonZeroU64,
+    offset: usize,
+    len: usize,
+}
+
+impl RamClaim {
+    /// Start offset in the RAM.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Length in bytes (never 0).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the claim is empty (never: claims are non-empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The next [`SharedRam`]'s identity.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Attempts of a claim that meets a conflict: a conflict with another claim *attempt*
 /// that is being rolled back is gone by a later try; a live claim stays.
@@ -61,9 +102,11 @@ const CLAIM_ATTEMPTS: usize = 16;
 impl SharedRam {
     /// Shares `ram`.
     pub fn new(ram: GuestRam) -> Arc<SharedRam> {
+        let id = NonZeroU64::new(NEXT_ID.fetch_add(1, Relaxed)).expect("2^64 RAMs in a process");
         Arc::new(SharedRam {
             claims: ClaimMap::new(ram.len().div_ceil(crate::PAGE_SIZE)),
             ram,
+            id,
         })
     }
 
@@ -112,6 +155,16 @@ impl SharedRam {
 
     /// Claims `[offset, offset + len)` exclusively until the returned range is dropped.
     pub fn claim(self: &Arc<Self>, offset: usize, len: usize) -> Result<RamRange, ClaimError> {
+        let claim = self.claim_bare(offset, len)?;
+        Ok(RamRange {
+            ram: Arc::clone(self),
+            claim,
+        })
+    }
+
+    /// Claims `[offset, offset + len)` exclusively until [`SharedRam::release`] (see
+    /// [`RamClaim`]).
+    pub fn claim_bare(&self, offset: usize, len: usize) -> Result<RamClaim, ClaimError> {
         let size = self.ram.len();
         let end = match offset.checked_add(len) {
             Some(end) if len > 0 && end <= size => end,
@@ -122,8 +175,8 @@ impl SharedRam {
         for attempt in 0..CLAIM_ATTEMPTS {
             match self.claims.try_claim(first, last) {
                 Ok(()) => {
-                    return Ok(RamRange {
-                        ram: Arc::clone(self),
+                    return Ok(RamClaim {
+                        ram: self.id,
                         offset,
                         len,
                     })
@@ -140,82 +193,194 @@ impl SharedRam {
             busy_offset: busy * crate::PAGE_SIZE,
         })
     }
+
+    /// Ends `claim`: its pages may be claimed again.
+    ///
+    /// # Panics
+    /// If `claim` is another RAM's (a caller's bug; the claim is not released).
+    pub fn release(&self, claim: RamClaim) {
+        self.release_pages(&claim);
+    }
+
+    /// Clears the claim bits of `claim` (checked to be this RAM's).
+    fn release_pages(&self, claim: &RamClaim) {
+        self.check(claim);
+        let (first, end) = Self::pages_of(claim.offset, claim.len);
+        self.claims.release(first, end);
+    }
+
+    /// Panics unless `claim` was granted by this RAM: the one check that makes reaching
+    /// bytes through a bare claim sound.
+    #[inline]
+    fn check(&self, claim: &RamClaim) {
+        assert!(
+            claim.ram == self.id,
+            "a claim of another SharedRam ({} here, {} claimed)",
+            self.id,
+            claim.ram
+        );
+    }
+
+    /// The first byte of `claim` (checked to be this RAM's; `offset + len <= len()` was
+    /// checked when it was granted).
+    #[inline]
+    fn claim_ptr(&self, claim: &RamClaim) -> *mut u8 {
+        self.check(claim);
+        self.ram.as_ptr().wrapping_add(claim.offset)
+    }
+
+    /// The bytes of `claim` (reading faults untouched pages in; they read zero).
+    ///
+    /// # Panics
+    /// If `claim` is another RAM's.
+    pub fn bytes<'a>(&'a self, claim: &'a RamClaim) -> &'a [u8] {
+        let ptr = self.claim_ptr(claim);
+        // SAFETY: inside this RAM's live mapping (checked at claim; `&self` keeps it
+        // mapped), always initialised, and no other claim overlaps, so the only references
+        // to these bytes are borrows of `claim`; mutation needs `&mut` of it.
+        unsafe { std::slice::from_raw_parts(ptr, claim.len) }
+    }
+
+    /// The bytes of `claim`, mutably.
+    ///
+    /// # Panics
+    /// If `claim` is another RAM's.
+    pub fn bytes_mut<'a>(&'a self, claim: &'a mut RamClaim) -> &'a mut [u8] {
+        let ptr = self.claim_ptr(claim);
+        // SAFETY: as `bytes`, and `&mut claim` makes this borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(ptr, claim.len) }
+    }
+
+    /// Whether every byte of `claim` reads zero.
+    pub fn claim_is_zero(&self, claim: &RamClaim) -> bool {
+        bytes_are_zero(self.bytes(claim))
+    }
+
+    /// Zeroes `claim` with [`ZeroKernel::auto`]; the page holding `hint` (a byte offset
+    /// into the claim) is zeroed last so it is cache-hot.
+    pub fn zero_claim(&self, claim: &mut RamClaim, hint: Option<usize>) -> ZeroKernel {
+        let kernel = ZeroKernel::auto(claim.len);
+        self.zero_claim_with(claim, kernel, hint);
+        kernel
+    }
+
+    /// As [`SharedRam::zero_claim`] with `kernel` (an unavailable one falls back to
+    /// `write_bytes`).
+    pub fn zero_claim_with(&self, claim: &mut RamClaim, kernel: ZeroKernel, hint: Option<usize>) {
+        let ptr = self.claim_ptr(claim);
+        // SAFETY: the claim is inside the live, writable mapping and exclusively ours
+        // (`&mut claim`), so no reference to it is alive during the call.
+        unsafe { zero_range_hinted(ptr, claim.len, kernel, hint) };
+    }
+
+    /// Faults the pages of `claim` in for writing, one byte every `stride` bytes (0 = 4
+    /// KiB), without changing contents; see `touch_for_write`.
+    pub fn touch_claim(&self, claim: &mut RamClaim, stride: usize) {
+        touch_for_write(self.bytes_mut(claim), stride);
+    }
+
+    /// Discards `len` bytes from byte `start` of `claim` (page-aligned, inside it) with
+    /// `op`, like [`SharedRam::discard_claim`] on that part; a part outside the claim is
+    /// refused as [`DiscardError::OutOfRange`].
+    pub fn discard_claim_part(
+        &self,
+        claim: &mut RamClaim,
+        start: usize,
+        len: usize,
+        op: DiscardOp,
+    ) -> Result<ZeroGuarantee, DiscardError> {
+        let inside = start.checked_add(len).is_some_and(|end| end <= claim.len);
+        if !inside {
+            return Err(DiscardError::OutOfRange {
+                start,
+                len,
+                limit: claim.len,
+            });
+        }
+        let ptr = self.claim_ptr(claim).wrapping_add(start);
+        let backing = self.ram.backing();
+        let file = self.ram.fd().map(|fd| (fd, (claim.offset + start) as u64));
+        // SAFETY: inside our live mapping of kind `backing` at that file offset of its fd;
+        // a part of a claim that is exclusively ours (`&mut claim`, checked above), so no
+        // Rust reference to the contents is alive while the kernel changes them.
+        unsafe { discard_raw(ptr, len, op, backing, file) }?;
+        Ok(op.zero_guarantee(backing))
+    }
+
+    /// Discards `claim` with `op` (page-aligned; whole huge pages for hugetlb) and says
+    /// whether it now reads zero. On error the memory is untouched, except for
+    /// [`DiscardError::Os`].
+    pub fn discard_claim(
+        &self,
+        claim: &mut RamClaim,
+        op: DiscardOp,
+    ) -> Result<ZeroGuarantee, DiscardError> {
+        let len = claim.len;
+        self.discard_claim_part(claim, 0, len, op)
+    }
 }
 
-/// An exclusively claimed byte range of a [`SharedRam`]; released on drop.
+/// An exclusively claimed byte range of a [`SharedRam`]; released on drop. (A
+/// [`RamClaim`] with the RAM it came from.)
 #[derive(Debug)]
 pub struct RamRange {
     ram: Arc<SharedRam>,
-    offset: usize,
-    len: usize,
+    claim: RamClaim,
 }
 
 impl RamRange {
     /// Start offset in the RAM.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.claim.offset
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.claim.len
     }
 
     /// Whether the range is empty (never: claims are non-empty).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn ptr(&self) -> *mut u8 {
-        // `offset + len <= ram.len()` was checked at claim time.
-        self.ram.ram.as_ptr().wrapping_add(self.offset)
+        self.claim.is_empty()
     }
 
     /// The bytes (reading faults untouched pages in; they read zero).
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: inside the live mapping (checked at claim; the Arc keeps it mapped),
-        // always initialised, and no other claim overlaps, so the only references to these
-        // bytes are borrows of `self`; mutation needs `&mut self`.
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+        self.ram.bytes(&self.claim)
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, and `&mut self` makes this borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
+        self.ram.bytes_mut(&mut self.claim)
     }
 
     /// Whether every byte reads zero.
     pub fn is_zero(&self) -> bool {
-        bytes_are_zero(self.as_slice())
+        self.ram.claim_is_zero(&self.claim)
     }
 
     /// Zeroes the range with [`ZeroKernel::auto`]; the page holding `hint` (a byte offset
     /// *into this range*) is zeroed last so it is cache-hot.
     pub fn zero(&mut self, hint: Option<usize>) -> ZeroKernel {
-        let kernel = ZeroKernel::auto(self.len);
-        self.zero_with(kernel, hint);
-        kernel
+        self.ram.zero_claim(&mut self.claim, hint)
     }
 
-    /// As [`SharedRange::zero`] with `kernel` (an unavailable one falls back to
+    /// As [`RamRange::zero`] with `kernel` (an unavailable one falls back to
     /// `write_bytes`).
     pub fn zero_with(&mut self, kernel: ZeroKernel, hint: Option<usize>) {
-        // SAFETY: the range is inside the live, writable mapping and exclusively ours
-        // (`&mut self`), so no reference to it is alive during the call.
-        unsafe { zero_range_hinted(self.ptr(), self.len, kernel, hint) };
+        self.ram.zero_claim_with(&mut self.claim, kernel, hint);
     }
 
     /// Faults the pages in for writing, one byte every `stride` bytes (0 = 4 KiB), without
     /// changing contents; see `touch_for_write`.
     pub fn touch(&mut self, stride: usize) {
-        touch_for_write(self.as_mut_slice(), stride);
+        self.ram.touch_claim(&mut self.claim, stride);
     }
 
     /// Address of the first byte (what a global allocator hands out; see
     /// [`crate::global::Grant`]).
     pub fn addr(&self) -> usize {
-        self.ptr() as usize
+        self.ram.claim_ptr(&self.claim) as usize
     }
 
     /// Discards `len` bytes from byte `start` of the range (page-aligned, inside it) with
@@ -227,43 +392,20 @@ impl RamRange {
         len: usize,
         op: DiscardOp,
     ) -> Result<ZeroGuarantee, DiscardError> {
-        let inside = start.checked_add(len).is_some_and(|end| end <= self.len);
-        if !inside {
-            return Err(DiscardError::OutOfRange {
-                start,
-                len,
-                limit: self.len,
-            });
-        }
-        let backing = self.ram.backing();
-        let file = self
-            .ram
-            .ram
-            .fd()
-            .map(|fd| (fd, (self.offset + start) as u64));
-        // SAFETY: as `discard`, on a part of this exclusively claimed range (checked above).
-        unsafe { discard_raw(self.ptr().wrapping_add(start), len, op, backing, file) }?;
-        Ok(op.zero_guarantee(backing))
+        self.ram.discard_claim_part(&mut self.claim, start, len, op)
     }
 
     /// Discards the range with `op` (page-aligned; whole huge pages for hugetlb) and says
     /// whether it now reads zero. On error the memory is untouched, except for
     /// [`DiscardError::Os`].
     pub fn discard(&mut self, op: DiscardOp) -> Result<ZeroGuarantee, DiscardError> {
-        let backing = self.ram.backing();
-        let file = self.ram.ram.fd().map(|fd| (fd, self.offset as u64));
-        // SAFETY: inside our live mapping of kind `backing` at file offset `offset` of its
-        // fd; exclusively claimed and `&mut self`, so no Rust reference to the contents is
-        // alive while the kernel changes them.
-        unsafe { discard_raw(self.ptr(), self.len, op, backing, file) }?;
-        Ok(op.zero_guarantee(backing))
+        self.ram.discard_claim(&mut self.claim, op)
     }
 }
 
 impl Drop for RamRange {
     fn drop(&mut self) {
-        let (first, end) = SharedRam::pages_of(self.offset, self.len);
-        self.ram.claims.release(first, end);
+        self.ram.release_pages(&self.claim);
     }
 }
 
@@ -345,6 +487,46 @@ mod tests {
             }
         });
         assert!(r.claim(0, r.len()).is_ok(), "every bit cleared");
+    }
+
+    #[test]
+    fn a_bare_claim_reaches_its_bytes_through_its_ram_and_ends_with_release() {
+        let r = ram();
+        let mut c = r.claim_bare(8192, 3 * 4096).unwrap();
+        assert_eq!((c.offset(), c.len()), (8192, 3 * 4096));
+        assert!(r.claim_bare(12288, 1).is_err());
+        assert!(
+            r.claim(0, 8193).is_err(),
+            "a bare claim excludes ranges too"
+        );
+        r.bytes_mut(&mut c).fill(5);
+        assert!(r.bytes(&c).iter().all(|&b| b == 5));
+        assert!(!r.claim_is_zero(&c));
+        r.zero_claim(&mut c, Some(4096));
+        assert!(r.claim_is_zero(&c));
+        r.bytes_mut(&mut c)[7] = 1;
+        r.touch_claim(&mut c, 0);
+        assert_eq!(r.bytes(&c)[7], 1);
+        r.release(c);
+        let again = r.claim_bare(12288, 1).unwrap();
+        r.release(again);
+        assert!(r.claim(0, r.len()).is_ok(), "every bit cleared");
+    }
+
+    #[test]
+    fn a_bare_claim_dropped_unreleased_keeps_its_pages_and_no_other_ram_honours_it() {
+        let (r, other) = (ram(), ram());
+        let leaked = r.claim_bare(0, 4096).unwrap();
+        drop(leaked);
+        assert!(r.claim_bare(0, 4096).is_err(), "a leak, never an alias");
+        let c = r.claim_bare(4096, 4096).unwrap();
+        let reached =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other.bytes(&c).len()));
+        assert!(reached.is_err(), "another RAM's claim is refused");
+        // The refused release left the claim alone: its own RAM still ends it.
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| other.release(c)));
+        assert!(refused.is_err());
+        assert!(r.claim_bare(4096, 4096).is_err());
     }
 
     #[test]

@@ -214,18 +214,21 @@ impl PageBlock {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.claimed().bytes.as_slice()
+        let c = self.claimed();
+        c.bytes.as_slice(c.owner.caches.ram())
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.claimed_mut().bytes.as_mut_slice()
+        let c = self.claimed_mut();
+        c.bytes.as_mut_slice(c.owner.caches.ram())
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) without changing contents: faults
     /// the block in for writing.
     pub fn touch(&mut self, stride: usize) {
-        self.claimed_mut().bytes.touch(stride);
+        let c = self.claimed_mut();
+        c.bytes.touch(c.owner.caches.ram(), stride);
     }
 
     /// Frees the block (contents unknown).
@@ -251,7 +254,8 @@ impl PageBlock {
         let op = DiscardOp::best_for(c.owner.caches.ram().backing());
         let start = (from_page * PAGE_SIZE) as usize;
         let len = ((pages - from_page) * PAGE_SIZE) as usize;
-        Ok(c.bytes.discard_part(start, len, op)?.is_zeroed())
+        let ram = c.owner.caches.ram();
+        Ok(c.bytes.discard_part(ram, start, len, op)?.is_zeroed())
     }
 
     /// Grows the block in place to `order` when its upper buddies are free; whether it
@@ -267,7 +271,7 @@ impl PageBlock {
         }
         c.alloc = c.alloc.with_block(grown);
         // The claim follows the block: the old bytes' claim ends, the grown block's begins.
-        c.bytes.release();
+        c.bytes.release(caches.ram());
         match ClaimedBytes::claim(caches.ram(), grown.pfn, grown.order) {
             Ok(bytes) => {
                 c.bytes = bytes;
@@ -321,7 +325,7 @@ impl PageBlock {
         let caches = &claimed.owner.caches;
         if let Some(l) = caches.life() {
             if l.init_on_free && hint == FreeHint::Dirty {
-                claimed.bytes.zero();
+                claimed.bytes.zero(caches.ram());
                 l.map.count_zeroed(Site::AtFree, block.order.bytes());
                 hint = FreeHint::KnownZero;
             }

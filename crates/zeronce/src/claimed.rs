@@ -1,20 +1,20 @@
-//! [`ClaimedBytes`]: the bytes of an allocated block (buddy block or pool page), claimed through
-//! a [`RamRange`] claim from allocation until the block is given back.
+//! [`ClaimedBytes`]: the bytes of an allocated block (buddy block or pool page), claimed
+//! through a bare [`RamClaim`] from allocation until the block is given back. The claim
+//! holds no reference to the RAM: the block's owner does (one reference per owner, not one
+//! counted up and down per block), and every method takes the RAM it was claimed from.
 
-use std::sync::Arc;
-
-use zeronce_mem::{ClaimError, DiscardError, DiscardOp, RamRange, SharedRam, ZeroGuarantee};
+use zeronce_mem::{ClaimError, DiscardError, DiscardOp, RamClaim, SharedRam, ZeroGuarantee};
 use zeronce_mm::{Order, Pfn};
 
 /// The claimed bytes of a block; empty once released.
 #[derive(Debug, Default)]
-pub(crate) struct ClaimedBytes(Option<RamRange>);
+pub(crate) struct ClaimedBytes(Option<RamClaim>);
 
 impl ClaimedBytes {
     /// Claims the bytes of the block at `pfn` of `order`.
-    pub(crate) fn claim(ram: &Arc<SharedRam>, pfn: Pfn, order: Order) -> Result<Self, ClaimError> {
-        ram.claim(pfn.byte_offset() as usize, order.bytes() as usize)
-            .map(|r| ClaimedBytes(Some(r)))
+    pub(crate) fn claim(ram: &SharedRam, pfn: Pfn, order: Order) -> Result<Self, ClaimError> {
+        ram.claim_bare(pfn.byte_offset() as usize, order.bytes() as usize)
+            .map(|c| ClaimedBytes(Some(c)))
     }
 
     /// Whether the bytes are still claimed (not released).
@@ -22,51 +22,73 @@ impl ClaimedBytes {
         self.0.is_some()
     }
 
-    /// The bytes (empty once released).
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        self.0.as_ref().map_or(&[], |r| r.as_slice())
+    /// The bytes (empty once released); `ram` is the RAM they were claimed from.
+    pub(crate) fn as_slice<'a>(&'a self, ram: &'a SharedRam) -> &'a [u8] {
+        self.0.as_ref().map_or(&[], |c| ram.bytes(c))
     }
 
     /// The bytes, mutably (empty once released).
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut().map_or(&mut [], |r| r.as_mut_slice())
+    pub(crate) fn as_mut_slice<'a>(&'a mut self, ram: &'a SharedRam) -> &'a mut [u8] {
+        self.0.as_mut().map_or(&mut [], |c| ram.bytes_mut(c))
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value.
-    pub(crate) fn touch(&mut self, stride: usize) {
-        if let Some(r) = self.0.as_mut() {
-            r.touch(stride);
+    pub(crate) fn touch(&mut self, ram: &SharedRam, stride: usize) {
+        if let Some(c) = self.0.as_mut() {
+            ram.touch_claim(c, stride);
         }
     }
 
     /// Zeroes the claimed bytes (streaming stores from 1 MiB up).
-    pub(crate) fn zero(&mut self) {
-        if let Some(r) = self.0.as_mut() {
-            r.zero(None);
+    pub(crate) fn zero(&mut self, ram: &SharedRam) {
+        if let Some(c) = self.0.as_mut() {
+            ram.zero_claim(c, None);
         }
     }
 
     /// Discards `len` bytes from byte `start` of the claimed bytes with `op`.
     pub(crate) fn discard_part(
         &mut self,
+        ram: &SharedRam,
         start: usize,
         len: usize,
         op: DiscardOp,
     ) -> Result<ZeroGuarantee, DiscardError> {
         match self.0.as_mut() {
-            Some(r) => r.discard_part(start, len, op),
+            Some(c) => ram.discard_claim_part(c, start, len, op),
             None => Err(DiscardError::Empty { addr: start }),
         }
     }
 
     /// Whether the claimed bytes all read zero (`false` once released).
-    pub(crate) fn is_zero(&self) -> bool {
-        self.0.as_ref().is_some_and(|r| r.is_zero())
+    pub(crate) fn is_zero(&self, ram: &SharedRam) -> bool {
+        self.0.as_ref().is_some_and(|c| ram.claim_is_zero(c))
     }
 
     /// Ends the claim, so the allocator (or a verify read) may touch the block again;
     /// `false` if it was already released.
-    pub(crate) fn release(&mut self) -> bool {
-        self.0.take().is_some()
+    pub(crate) fn release(&mut self, ram: &SharedRam) -> bool {
+        match self.0.take() {
+            Some(c) => {
+                ram.release(c);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for ClaimedBytes {
+    fn drop(&mut self) {
+        // Every way back releases the claim first; one dropped with it would keep the
+        // block's pages claimed for good (no alias: the block can no longer be claimed).
+        if let Some(c) = &self.0 {
+            tracing::error!(
+                offset = c.offset(),
+                len = c.len(),
+                "a block's claim was dropped unreleased"
+            );
+            debug_assert!(false, "a block's claim was dropped unreleased");
+        }
     }
 }

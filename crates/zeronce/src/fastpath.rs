@@ -369,7 +369,7 @@ impl<E: Keep> ThreadCaches<E> {
             l.map.freed(block, zero_from);
         }
         // The claim goes before the manager (or the verify read) may touch the block.
-        bytes.release();
+        bytes.release(&self.ram);
         let freed = match via {
             Via::Cache => self.free(block, hint),
             Via::Manager => self.mm.free(block, hint),

@@ -76,7 +76,7 @@ impl<E: Keep> ThreadCaches<E> {
                 l.map.freed(*block, block.order.pages());
             }
             // The claim goes before the manager may touch the block.
-            b.release();
+            b.release(&self.ram);
         }
         let mut failed = Vec::new();
         self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {

@@ -57,18 +57,18 @@ impl PoolPage {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        self.bytes.as_slice()
+        self.bytes.as_slice(&self.inner.ram)
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.bytes.as_mut_slice()
+        self.bytes.as_mut_slice(&self.inner.ram)
     }
 
     /// Writes one byte every `stride` bytes (0 = 4 KiB) with its own value: touches the
     /// page for writing without changing it.
     pub fn touch(&mut self, stride: usize) {
-        self.bytes.touch(stride);
+        self.bytes.touch(&self.inner.ram, stride);
     }
 
     /// Gives the page back, dirty (it becomes zeroable work).
@@ -79,7 +79,7 @@ impl PoolPage {
     /// Gives back a page the caller zeroed: checked by reading it, it goes back known zero
     /// (no zeroable work) if it reads zero, dirty otherwise. Returns whether it was zero.
     pub fn free_zeroed(mut self) -> Result<bool, PrezeroError> {
-        let zero = self.bytes.is_zero();
+        let zero = self.bytes.is_zero(&self.inner.ram);
         let hint = if zero {
             FreeHint::KnownZero
         } else {
@@ -89,7 +89,7 @@ impl PoolPage {
     }
 
     fn release(&mut self, hint: FreeHint) -> Result<(), PrezeroError> {
-        if !self.bytes.release() {
+        if !self.bytes.release(&self.inner.ram) {
             return Ok(());
         }
         let state = &self.inner.state;

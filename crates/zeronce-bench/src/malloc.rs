@@ -286,7 +286,21 @@ fn summarise(results: &Results, steps: &[Step]) -> (Value, Value, Vec<String>) {
         .unwrap_or_default();
     let ratios: Map<String, Value> = figures
         .iter()
-        .map(|(name, f)| (name.to_string(), targets::over_best(f, &keepers)))
+        .map(|(name, f)| {
+            let mut r = targets::over_best(f, &keepers);
+            if let (Some(step), Some(per)) =
+                (steps.iter().find(|s| s.name == *name), results.get(*name))
+            {
+                // Beside the ratio of the medians: the same peer, round by round.
+                let warm = |s: &Value| !step.judged || cold_sample(s) != Some(true);
+                let paired = r["best_peer"].as_str().and_then(|best| {
+                    let (z, p) = (per.get("zeronce")?, per.get(best)?);
+                    targets::paired_over(z, p, step.per_round, step.figure, warm)
+                });
+                r["paired_ratio_zeronce_over_best_peer"] = json!(paired);
+            }
+            (name.to_string(), r)
+        })
         .collect();
     (Value::Object(out), Value::Object(ratios), keepers)
 }
@@ -389,9 +403,10 @@ pub fn run(a: &MallocArgs) -> BenchResult {
     let f2 = |v: &Value| v.as_f64().map_or("-".into(), |v| format!("{v:.2}"));
     for (step, r) in ratios.as_object().into_iter().flatten() {
         crate::println!(
-            "{step:<14} zeronce / best peer ({}) = {}; / best returning peer ({}) = {}",
+            "{step:<14} zeronce / best peer ({}) = {} (round by round: {}); / best returning peer ({}) = {}",
             r["best_peer"].as_str().unwrap_or("-"),
             f2(&r["ratio_zeronce_over_best_peer"]),
+            f2(&r["paired_ratio_zeronce_over_best_peer"]),
             r["best_returning_peer"].as_str().unwrap_or("-"),
             f2(&r["ratio_zeronce_over_best_returning_peer"]),
         );

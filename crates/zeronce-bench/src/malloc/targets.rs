@@ -110,6 +110,30 @@ pub fn over_best(figures: &[(&str, Option<f64>)], keepers: &[String]) -> Value {
     })
 }
 
+/// zeronce's figure over a peer's round by round (each round's median of its `per_round`
+/// samples, warm ones only), then the median over the rounds: drift of the machine's speed
+/// between rounds cancels out of each ratio. `None` without a round where both have a
+/// warm sample.
+pub fn paired_over(
+    zeronce: &[Value],
+    peer: &[Value],
+    per_round: usize,
+    figure: &str,
+    warm: impl Fn(&Value) -> bool,
+) -> Option<f64> {
+    let rounds = zeronce
+        .chunks(per_round.max(1))
+        .zip(peer.chunks(per_round.max(1)));
+    let ratios: Vec<f64> = rounds
+        .filter_map(|(z, p)| {
+            let z = contest::warm_median(z, figure, &warm).0?;
+            let p = contest::warm_median(p, figure, &warm).0?;
+            (p > 0.0).then(|| z / p)
+        })
+        .collect();
+    crate::stats::Summary::of(&ratios).map(|s| s.median)
+}
+
 /// Each target against `ratios` (step → [`over_best`]): value, limit, met.
 pub fn judge(ratios: &Value) -> Vec<Value> {
     TARGETS
@@ -134,6 +158,25 @@ pub fn judge(ratios: &Value) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_paired_ratio_is_the_median_of_the_rounds_own_ratios() {
+        let f = |v: &[f64]| -> Vec<Value> { v.iter().map(|x| json!({ "wall_ms": x })).collect() };
+        // Round speeds drift 1x, 2x, 3x; zeronce is 1.1x the peer in each round, and the
+        // ratio of the medians (220 / 200) says the same only by luck of the drift.
+        let z = f(&[
+            110.0, 112.0, 108.0, 220.0, 222.0, 218.0, 330.0, 331.0, 329.0,
+        ]);
+        let p = f(&[100.0, 99.0, 101.0, 200.0, 201.0, 199.0, 300.0, 302.0, 298.0]);
+        let r = paired_over(&z, &p, 3, "wall_ms", |_| true).unwrap();
+        assert!((r - 1.1).abs() < 0.002, "{r}");
+        // A round without a warm sample of either is left out; none at all: no figure.
+        let warm = |s: &Value| s["wall_ms"].as_f64() != Some(300.0);
+        let z1 = f(&[110.0, 300.0]);
+        let p1 = f(&[100.0, 250.0]);
+        assert_eq!(paired_over(&z1, &p1, 1, "wall_ms", warm), Some(1.1));
+        assert_eq!(paired_over(&z1[1..], &p1[1..], 1, "wall_ms", warm), None);
+    }
 
     #[test]
     fn the_ratio_is_over_the_best_other_contender_and_the_best_returning_one() {

@@ -339,6 +339,27 @@ fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
 }
 
 #[test]
+fn heap_addresses_differ_between_runs() {
+    // mimalloc's arenas once started at one fixed address in this build (2 TiB): every
+    // run put its small blocks at the same place.
+    let exe = compile(&workdir("addr"), "addr.c", &[]);
+    let runs: Vec<String> = (0..4)
+        .map(|_| {
+            let out = run(&program(&exe, &[]), Some(&lib().to_string_lossy()));
+            assert!(out.status.success());
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    for which in 0..2 {
+        let addrs: std::collections::BTreeSet<&str> = runs
+            .iter()
+            .map(|r| r.split_whitespace().nth(which).unwrap_or(""))
+            .collect();
+        assert!(addrs.len() > 1, "block {which} at one address in 4 runs: {runs:?}");
+    }
+}
+
+#[test]
 fn small_blocks_freed_once_are_never_taken_for_a_double_free() {
     // Blocks handed out again after their free, self-pointing list heads, tiny blocks
     // grown by realloc: each freed once, so none may abort.

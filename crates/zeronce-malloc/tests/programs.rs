@@ -355,7 +355,10 @@ fn heap_addresses_differ_between_runs() {
             .iter()
             .map(|r| r.split_whitespace().nth(which).unwrap_or(""))
             .collect();
-        assert!(addrs.len() > 1, "block {which} at one address in 4 runs: {runs:?}");
+        assert!(
+            addrs.len() > 1,
+            "block {which} at one address in 4 runs: {runs:?}"
+        );
     }
 }
 

@@ -110,7 +110,7 @@ fn unmarked(p: *mut c_void) -> *mut c_void {
 }
 
 /// Aborts with one line when the mimalloc block `p` holds its free mark: freed already
-/// and not handed out since (see [`crate::routes`]). The word it returns is then marked
+/// and not handed out since (see [`crate::routes`]), or is not aligned as every block is. The word it returns is then marked
 /// by [`small_free`].
 ///
 /// # Safety
@@ -118,6 +118,11 @@ fn unmarked(p: *mut c_void) -> *mut c_void {
 /// freed memory of mimalloc's stays mapped).
 #[inline(always)]
 unsafe fn mark_word(call: &str, p: *mut c_void) -> (*mut usize, usize) {
+    // Every block mimalloc hands out is aligned to 8 at least: a pointer that is not was
+    // never handed out (and its mark word could not be read as one).
+    if !(p as usize).is_multiple_of(8) {
+        bad_pointer(call, p as usize);
+    }
     let word = p.cast::<usize>().wrapping_add(1);
     let mark = ROUTES.free_mark(p as usize);
     // SAFETY: the caller's promise.

@@ -311,6 +311,7 @@ fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
         ("small-double", "free"),
         ("tiny-double", "free"),
         ("thread-double", "free"),
+        ("misaligned", "free"),
         ("realloc-freed", "realloc"),
     ];
     for (mode, call) in modes {

@@ -1,6 +1,7 @@
 /* Frees the allocator must refuse, one per mode: a large block freed twice, a pointer into
  * one, a small block freed twice (of 24 bytes, of 1 byte, the first free on another
- * thread), and a small block reallocated after its free. Mode "fine" does what looks
+ * thread), a pointer into a small block that no block could start at, and a small block
+ * reallocated after its free. Mode "fine" does what looks
  * alike and is right: a block freed, handed out again and freed; list heads whose second
  * word points at themselves. */
 #include <pthread.h>
@@ -43,6 +44,9 @@ int main(int argc, char **argv) {
         pthread_create(&t, NULL, free_it, p);
         pthread_join(t, NULL);
         free(p);
+    } else if (!strcmp(mode, "misaligned")) {
+        char *p = KEEP(malloc(40));
+        free(p + 1);
     } else if (!strcmp(mode, "realloc-freed")) {
         char *p = KEEP(malloc(32));
         free(p);

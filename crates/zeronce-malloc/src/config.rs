@@ -26,6 +26,9 @@ pub struct Config {
     pub zeroer: Option<ZeroerConfig>,
     /// `ZERONCE_VERIFY=1`: every zero claim checked against memory (slow).
     pub verify: bool,
+    /// `ZERONCE_THP=0`: the large arena in 4 KiB pages instead of transparent huge pages
+    /// (default 1).
+    pub thp: bool,
     /// `ZERONCE_SHOW_STATS=1`: counters on stderr at exit.
     pub show_stats: bool,
 }
@@ -53,6 +56,7 @@ impl Default for Config {
             host: Host::ZeroThenReport,
             zeroer: None,
             verify: false,
+            thp: true,
             show_stats: false,
         }
     }
@@ -126,6 +130,7 @@ impl Config {
             host: host.unwrap_or(d.host),
             zeroer,
             verify: env.flag("ZERONCE_VERIFY").unwrap_or(d.verify),
+            thp: env.flag("ZERONCE_THP").unwrap_or(d.thp),
             show_stats: env.flag("ZERONCE_SHOW_STATS").unwrap_or(d.show_stats),
         }
     }
@@ -209,6 +214,7 @@ mod tests {
             ("ZERONCE_HOST", "hold"),
             ("ZERONCE_ZEROER", "2"),
             ("ZERONCE_VERIFY", "1"),
+            ("ZERONCE_THP", "0"),
             ("ZERONCE_SHOW_STATS", "yes"),
         ]);
         assert!(lines.is_empty(), "{lines:?}");
@@ -220,6 +226,7 @@ mod tests {
         );
         assert_eq!(c.zeroer.map(|z| z.threads), Some(2));
         assert!(c.verify && c.show_stats);
+        assert!(!c.thp);
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Runtime {
                 Host::ZeroThenReport => backend.zero_then_report(config.delay),
                 Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
-            let backend = backend.verify(config.verify);
+            let backend = backend.verify(config.verify).thp(config.thp);
             match config.zeroer {
                 Some(z) => backend.zeroer(z),
                 None => backend,

@@ -340,6 +340,42 @@ fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
 }
 
 #[test]
+fn zeronce_thp_0_keeps_large_blocks_in_small_pages() {
+    let exe = compile(&workdir("thp"), "thp.c", &[]);
+    let huge_kib = |thp: Option<&str>| -> i64 {
+        let mut cmd = clean(Command::new(&exe));
+        cmd.env("LD_PRELOAD", lib());
+        if let Some(v) = thp {
+            cmd.env("ZERONCE_THP", v);
+        }
+        let out = cmd.output().expect("run thp");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace()
+            .last()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no figure in {text:?}"))
+    };
+    assert_eq!(huge_kib(Some("0")), 0, "ZERONCE_THP=0: no huge pages");
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if mode.contains("[never]") || mode.is_empty() {
+        eprintln!("THP is off on this machine ({mode:?}): the default's huge pages not checked");
+        return;
+    }
+    // By default the touched block is in huge pages (at least half of it: its ends need
+    // not be 2 MiB-aligned within the arena's blocks).
+    assert!(
+        huge_kib(None) >= 32 << 10,
+        "the default arena uses huge pages"
+    );
+}
+
+#[test]
 fn heap_addresses_differ_between_runs() {
     // mimalloc's arenas once started at one fixed address in this build (2 TiB): every
     // run put its small blocks at the same place.

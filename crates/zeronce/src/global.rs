@@ -156,6 +156,8 @@ pub struct ProcessBackend {
     delay: Option<Duration>,
     zeroer: Option<ZeroerConfig>,
     verify: bool,
+    /// Transparent huge pages for the range (`MADV_HUGEPAGE`).
+    thp: bool,
     state: AtomicU8,
     /// Passed by every large allocation, free and grow; closed across a `fork` (see
     /// [`ProcessBackend::fork_prepare`]).
@@ -200,6 +202,7 @@ impl ProcessBackend {
             delay: None,
             zeroer: None,
             verify: false,
+            thp: true,
             state: AtomicU8::new(UNINIT),
             gate: ForkGate::new(),
             forked: AtomicBool::new(false),
@@ -265,6 +268,15 @@ impl ProcessBackend {
     /// memory (slow; for tests).
     pub const fn verify(mut self, on: bool) -> Self {
         self.verify = on;
+        self
+    }
+
+    /// Transparent huge pages for the range (default on): a block faults in and stays in
+    /// 2 MiB pages. Off, in 4 KiB pages: on a virtual machine whose kernel reports its
+    /// free memory to the host, a huge-page refault of memory given back seconds before
+    /// lands on memory the host took back and costs several times a small-page refault.
+    pub const fn thp(mut self, on: bool) -> Self {
+        self.thp = on;
         self
     }
 
@@ -376,7 +388,7 @@ impl ProcessBackend {
     fn create(&self) -> Option<&Arena> {
         let mut builder = ProcessMemory::builder()
             .size(self.range_bytes)
-            .backing(BackingKind::Anonymous { thp: true })
+            .backing(BackingKind::Anonymous { thp: self.thp })
             .max_order(Order::new(MAX_ORDER).ok()?)
             .verify(self.verify)
             .reporting(self.reporting_setup());

@@ -109,9 +109,9 @@ fn unmarked(p: *mut c_void) -> *mut c_void {
     p
 }
 
-/// Aborts with one line when the mimalloc block `p` holds its free mark: freed already
-/// and not handed out since (see [`crate::routes`]), or is not aligned as every block is. The word it returns is then marked
-/// by [`small_free`].
+/// Aborts with one line when the mimalloc block `p` holds its free mark (freed already and
+/// not handed out since: see [`crate::routes`]) or is not aligned as every block is; else
+/// its mark word and the mark, for [`small_free`] to write.
 ///
 /// # Safety
 /// `p` is a block this allocator handed out from mimalloc (at least [`SMALL_MIN`] bytes;

@@ -254,7 +254,8 @@ fn preloaded(cmd: &mut Command, lib: Option<&Path>) {
 /// are judged); the peers that keep freed memory resident.
 fn summarise(results: &Results, steps: &[Step]) -> (Value, Value, Vec<String>) {
     let mut out = Map::new();
-    let mut figures: Vec<(&str, targets::Figures)> = Vec::new();
+    // Per step measured: the step, its samples per contender, and each one's figure.
+    let mut figures = Vec::new();
     for step in steps {
         let Some(per) = results.get(&step.name) else {
             continue;
@@ -262,8 +263,8 @@ fn summarise(results: &Results, steps: &[Step]) -> (Value, Value, Vec<String>) {
         let mut m = Map::new();
         let mut mine: targets::Figures = Vec::new();
         for (contender, samples) in per {
-            let warm = |s: &Value| !step.judged || cold_sample(s) != Some(true);
-            let mut fields = contest::summary(samples, step.figure, warm, &["minor_faults"]);
+            let mut fields =
+                contest::summary(samples, step.figure, warm_in(step), &["minor_faults"]);
             let by = if step.judged {
                 "own minor faults and CPU time"
             } else {
@@ -277,32 +278,32 @@ fn summarise(results: &Results, steps: &[Step]) -> (Value, Value, Vec<String>) {
             m.insert((*contender).into(), Value::Object(fields));
         }
         out.insert(step.name.clone(), Value::Object(m));
-        figures.push((step.name.as_str(), mine));
+        figures.push((step, per, mine));
     }
     let keepers = figures
         .iter()
-        .find(|(name, _)| *name == "idle_768mib")
-        .map(|(_, f)| targets::keepers(f))
+        .find(|(step, ..)| step.name == "idle_768mib")
+        .map(|(.., f)| targets::keepers(f))
         .unwrap_or_default();
     let ratios: Map<String, Value> = figures
         .iter()
-        .map(|(name, f)| {
+        .map(|(step, per, f)| {
             let mut r = targets::over_best(f, &keepers);
-            if let (Some(step), Some(per)) =
-                (steps.iter().find(|s| s.name == *name), results.get(*name))
-            {
-                // Beside the ratio of the medians: the same peer, round by round.
-                let warm = |s: &Value| !step.judged || cold_sample(s) != Some(true);
-                let paired = r["best_peer"].as_str().and_then(|best| {
-                    let (z, p) = (per.get("zeronce")?, per.get(best)?);
-                    targets::paired_over(z, p, step.per_round, step.figure, warm)
-                });
-                r["paired_ratio_zeronce_over_best_peer"] = json!(paired);
-            }
-            (name.to_string(), r)
+            // Beside the ratio of the medians: the same peer, round by round.
+            let paired = r["best_peer"].as_str().and_then(|best| {
+                let (z, p) = (per.get("zeronce")?, per.get(best)?);
+                targets::paired_over(z, p, step.per_round, step.figure, warm_in(step))
+            });
+            r["paired_ratio_zeronce_over_best_peer"] = json!(paired);
+            (step.name.clone(), r)
         })
         .collect();
     (Value::Object(out), Value::Object(ratios), keepers)
+}
+
+/// Which samples of `step` count: all of an unjudged step, the warm ones of a judged one.
+fn warm_in(step: &Step) -> impl Fn(&Value) -> bool + '_ {
+    move |s: &Value| !step.judged || cold_sample(s) != Some(true)
 }
 
 /// zeronce's ratio per target beside the target, as an SVG chart.

@@ -121,9 +121,8 @@ pub fn paired_over(
     figure: &str,
     warm: impl Fn(&Value) -> bool,
 ) -> Option<f64> {
-    let rounds = zeronce
-        .chunks(per_round.max(1))
-        .zip(peer.chunks(per_round.max(1)));
+    let per_round = per_round.max(1);
+    let rounds = zeronce.chunks(per_round).zip(peer.chunks(per_round));
     let ratios: Vec<f64> = rounds
         .filter_map(|(z, p)| {
             let z = contest::warm_median(z, figure, &warm).0?;

@@ -119,19 +119,23 @@ pub fn clean(mut cmd: Command) -> Command {
 /// Runs `cmd` with `preload` (a `LD_PRELOAD` value; none: glibc's allocator) and the
 /// exit report asked for.
 pub fn run(make: &dyn Fn() -> Command, preload: Option<&str>) -> Output {
+    command(make, preload).output().expect("run the program")
+}
+
+/// The program of `make`, cleaned, with `preload` and the exit report (none: glibc's
+/// allocator).
+fn command(make: &dyn Fn() -> Command, preload: Option<&str>) -> Command {
     let mut cmd = clean(make());
     if let Some(p) = preload {
         cmd.env("LD_PRELOAD", p).env("ZERONCE_SHOW_STATS", "1");
     }
-    cmd.output().expect("run the program")
+    cmd
 }
 
 /// [`run`] under zeronce, killed after `secs` seconds: a program the allocator should
 /// abort must fail the test, not hang it (a corrupted free list can spin forever).
 pub fn run_abort(make: &dyn Fn() -> Command, secs: u64) -> Output {
-    let mut cmd = clean(make());
-    cmd.env("LD_PRELOAD", lib()).env("ZERONCE_SHOW_STATS", "1");
-    let mut child = cmd
+    let mut child = command(make, Some(&lib().to_string_lossy()))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -64,22 +64,31 @@ fn or_enomem(p: *mut c_void) -> *mut c_void {
 fn alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     if let Some(rt) = runtime::get() {
         if size >= rt.threshold() {
-            // A success leaves `errno` as it was (zeronce's and mimalloc's system calls on
-            // the way, a `madvise` refused or a first `mmap` retried, may set it).
-            let errno = get_errno();
-            let p = match rt.large_alloc(size, align, zeroed) {
+            if rt.refuses(size) {
+                return or_enomem(null_mut());
+            }
+            return keeping_errno(|| match rt.large_alloc(size, align, zeroed) {
                 Some(addr) => addr as *mut c_void,
                 None => small_alloc(size, align, zeroed),
-            };
-            if !p.is_null() {
-                set_errno(errno);
-            }
-            return p;
+            });
         } else {
             rt.count_small(size);
         }
     }
     small_alloc(size, align, zeroed)
+}
+
+/// `large()`, a large allocation, with `errno` as it was before when it succeeds:
+/// zeronce's and mimalloc's system calls on the way (a `madvise` refused, a first `mmap`
+/// retried) may set it, and glibc's successful calls leave it alone.
+#[inline]
+fn keeping_errno(large: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    let errno = get_errno();
+    let p = large();
+    if !p.is_null() {
+        set_errno(errno);
+    }
+    p
 }
 
 fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
@@ -282,6 +291,10 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     let rt = runtime::get();
     let large = rt.is_some_and(|rt| size >= rt.threshold());
+    if large && rt.is_some_and(|rt| rt.refuses(size)) {
+        // `p` stays as it was, as when a move finds no room.
+        return or_enomem(null_mut());
+    }
     if let Some(rt) = rt.filter(|rt| rt.owns(addr)) {
         if large && rt.large_grow(addr, size) {
             return p;
@@ -292,15 +305,18 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: a live zeronce block of `old` usable bytes.
         return unsafe { moved(p, old, size, c_malloc(size)) };
     }
-    if let Some(new) = rt
-        .filter(|_| large)
-        .and_then(|rt| rt.large_alloc(size, NATURAL, false))
-    {
-        // SAFETY: a live mimalloc block (the caller's promise), moved to zeronce.
-        return unsafe { moved(p, mi::mi_usable_size(p), size, new as *mut c_void) };
+    if !large {
+        // SAFETY: a live mimalloc block (the caller's promise).
+        return unsafe { small_realloc(p, size) };
     }
-    // SAFETY: a live mimalloc block (the caller's promise).
-    unsafe { small_realloc(p, size) }
+    keeping_errno(
+        || match rt.and_then(|rt| rt.large_alloc(size, NATURAL, false)) {
+            // SAFETY: a live mimalloc block (the caller's promise), moved to zeronce.
+            Some(new) => unsafe { moved(p, mi::mi_usable_size(p), size, new as *mut c_void) },
+            // SAFETY: a live mimalloc block (the caller's promise).
+            None => unsafe { small_realloc(p, size) },
+        },
+    )
 }
 
 /// C `reallocarray`: `realloc(p, n * size)`, or `NULL` and `ENOMEM` (`p` untouched) when

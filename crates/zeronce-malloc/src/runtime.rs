@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use zeronce_lib::ProcessBackend;
 use zeronce_mem::{in_backend, LargeAlloc};
 
+use crate::commit::CommitGuess;
 use crate::config::{Config, Host};
 use crate::routes::ROUTES;
 use crate::stderr::{keep_stderr_for_report, write_report};
@@ -28,6 +29,9 @@ pub struct Runtime {
     /// ancestors' (inherited blocks, never allocated from again).
     generation: AtomicUsize,
     counters: Counters,
+    /// The kernel's overcommit heuristic, for sizes zeronce's and mimalloc's reserved
+    /// mappings would otherwise grant past RAM and swap.
+    commit: CommitGuess,
 }
 
 /// What the exit report counts (the small side only under `ZERONCE_SHOW_STATS`: a shared
@@ -110,6 +114,7 @@ impl Runtime {
             backends,
             generation: AtomicUsize::new(0),
             counters: Counters::default(),
+            commit: CommitGuess::new(),
         }
     }
 
@@ -134,6 +139,13 @@ impl Runtime {
     #[inline]
     pub fn threshold(&self) -> usize {
         self.backends[0].threshold_bytes()
+    }
+
+    /// Whether an allocation of `size` bytes must fail as glibc's would: more than RAM and
+    /// swap together under the kernel's default overcommit heuristic (see [`CommitGuess`]).
+    #[inline]
+    pub fn refuses(&self, size: usize) -> bool {
+        self.commit.refuses(size)
     }
 
     /// Counts a small allocation (only when the exit report is asked for).

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 
 #define MIB ((size_t)1 << 20)
 
@@ -79,6 +80,33 @@ int main(int argc, char **argv) {
     r = realloc(p, (size_t)1 << 62);
     check("realloc(large, 2^62)", r, errno);
     free(p);
+    /* Past RAM + swap: under the kernel's default overcommit heuristic glibc's mapping is
+     * refused (NULL, ENOMEM) and a program may fall back; under overcommit 1 it is granted. */
+    struct sysinfo si;
+    sysinfo(&si);
+    size_t past = ((size_t)si.totalram + si.totalswap) * si.mem_unit + ((size_t)1 << 30);
+    errno = 0;
+    p = malloc(past);
+    check("malloc(RAM + swap + 1G)", p, errno);
+    free(p);
+    errno = 0;
+    p = calloc(past / 4096, 4096);
+    check("calloc(RAM + swap + 1G)", p, errno);
+    free(p);
+    errno = 0;
+    r = NULL;
+    printf("posix_memalign(RAM + swap + 1G): %s\n",
+           posix_memalign(&r, 4 * MIB, past) == ENOMEM ? "ENOMEM" : "0");
+    free(r);
+    for (int i = 0; i < 2; i++) {
+        p = malloc(i ? 10 * MIB : 100);
+        memset(p, 7, 100);
+        errno = 0;
+        r = realloc(p, past);
+        check(i ? "realloc(large, RAM + swap + 1G)" : "realloc(small, RAM + swap + 1G)", r, errno);
+        printf("  block kept: %d\n", r || ((unsigned char *)p)[99] == 7);
+        free(r ? r : p);
+    }
     size_t n = 5 * MIB + 7;
     p = malloc(n);
     printf("malloc_usable_size(5M+7) >= size: %d\n", malloc_usable_size(p) >= n);

@@ -53,8 +53,8 @@ fn ram_and_swap() -> (u64, u64) {
     let info = sysinfo();
     let unit = u64::from(info.mem_unit.max(1));
     (
-        u64::from(info.totalram).saturating_mul(unit),
-        u64::from(info.totalswap).saturating_mul(unit),
+        info.totalram.saturating_mul(unit),
+        info.totalswap.saturating_mul(unit),
     )
 }
 

@@ -156,7 +156,11 @@ impl Env<'_> {
 
     /// A yes/no variable.
     fn flag(&mut self, name: &str) -> Option<bool> {
-        self.read(name, "0 or 1 (no/yes, off/on and false/true too)", parse_bool)
+        self.read(
+            name,
+            "0 or 1 (no/yes, off/on and false/true too)",
+            parse_bool,
+        )
     }
 }
 

@@ -150,9 +150,17 @@ impl Guest {
     }
 
     fn answer(&self) -> String {
-        self.answers
-            .recv_timeout(PATIENCE)
-            .unwrap_or_else(|_| panic!("the guest did not answer; console:\n{}", self.tail()))
+        self.answers.recv_timeout(PATIENCE).unwrap_or_else(|_| {
+            let console = self.tail();
+            let why = if console.contains("ptrace set fp regs failed") {
+                "User Mode Linux cannot start its userspace on this host CPU (its ptrace \
+                     of the FPU state fails, as on CPUs with AMX); .ci/run leaves these tests \
+                     out on such a host. "
+            } else {
+                ""
+            };
+            panic!("{why}the guest did not answer; console:\n{console}")
+        })
     }
 
     fn ask(&mut self, cmd: &str) -> String {

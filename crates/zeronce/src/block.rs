@@ -8,7 +8,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use zeronce_mem::{DiscardError, DiscardOp};
-use zeronce_mm::{AllocRequest, Allocation, Block, FreeHint, Order, PAGE_SIZE};
+use zeronce_mm::{AllocRequest, Allocation, Block, FreeHint, Order, PageRange, PAGE_SIZE};
 
 use crate::claimed::ClaimedBytes;
 use crate::error::{BlockError, FreeError};
@@ -16,6 +16,20 @@ use crate::fastpath::{Keep, Slots, ThreadCaches, Via, HUGE_ORDER};
 use crate::threads::PerThread;
 use crate::words::AllocWords;
 use crate::zeroing::zeromap::Site;
+
+/// Which pages of a new block its holder may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// All of them (what a public handle promises: its bytes are the whole block).
+    Block,
+    /// Only the used prefix, until it tells the map more ([`PageBlock::writes_up_to`]):
+    /// a caller that hands out no more than that (the global allocator, whose callers may
+    /// write their size). The pages past it keep what the map knew of them, so a tail
+    /// that read zero before still does at the free and is not zeroed again (or faulted
+    /// in to be). Blocks of an order the kept lists hold are always `Block`: a kept block
+    /// goes to its next holder with no map call.
+    Prefix,
+}
 
 /// The fast path of an owner whose blocks are [`PageBlock`]s.
 pub(crate) type Caches = ThreadCaches<Claimed>;
@@ -107,13 +121,15 @@ impl Owners {
     }
 
     /// Allocates a block of `order` and claims its bytes; a zero-request zeroes only the
-    /// first `used_pages` pages (a caller using only those).
+    /// first `used_pages` pages (a caller using only those), and `writes` says which pages
+    /// the holder may write.
     #[inline]
     pub(crate) fn alloc(
         &self,
         order: Order,
         mut req: AllocRequest,
         used_pages: u64,
+        writes: Writes,
     ) -> Result<PageBlock, BlockError> {
         let mine = self.0.mine();
         req.zeroed |= mine.init_on_alloc;
@@ -127,7 +143,7 @@ impl Owners {
                 });
             }
         }
-        alloc_slow(mine, order, req, used_pages)
+        alloc_slow(mine, order, req, used_pages, writes)
     }
 }
 
@@ -145,6 +161,7 @@ fn alloc_slow(
     order: Order,
     req: AllocRequest,
     used_pages: u64,
+    writes: Writes,
 ) -> Result<PageBlock, BlockError> {
     let caches = &mine.caches;
     if req.zeroed && order == HUGE_ORDER {
@@ -155,7 +172,12 @@ fn alloc_slow(
     let alloc = caches.alloc(order, req, used_pages)?;
     if let Some(l) = caches.life() {
         // Before the caller sees a byte: waits out a zeroer still writing a chunk of it.
-        l.map.handed_out(alloc.block);
+        match writes {
+            Writes::Prefix if !Caches::keeps(order) => {
+                l.map.handed_out_prefix(alloc.block, used_pages)
+            }
+            _ => l.map.handed_out(alloc.block),
+        }
     }
     let bytes = match ClaimedBytes::claim(caches.ram(), alloc.block.pfn, alloc.block.order) {
         Ok(b) => b,
@@ -241,6 +263,17 @@ impl PageBlock {
     /// check the block stays allocated and is freed dirty on drop).
     pub fn free_zeroed(mut self) -> Result<(), FreeError> {
         self.release(FreeHint::KnownZero, u64::MAX)
+    }
+
+    /// The holder of a block handed out with [`Writes::Prefix`] writes its first `pages`
+    /// pages from now on (a grow within the block).
+    pub(crate) fn writes_up_to(&self, pages: u64) {
+        let c = self.claimed();
+        if let Some(l) = c.owner.caches.life() {
+            let block = c.alloc.block();
+            l.map
+                .written(PageRange::new(block.pfn, pages.min(block.order.pages())));
+        }
     }
 
     /// Discards the pages from `from_page` to the end of the block (their backing goes,

@@ -254,6 +254,13 @@ impl<E: Keep> ThreadCaches<E> {
         guard.list(list).pop()
     }
 
+    /// Whether blocks of `order` may be kept (and so go to a next holder with no map
+    /// call).
+    #[inline]
+    pub(crate) fn keeps(order: Order) -> bool {
+        list_of(order).is_some()
+    }
+
     /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
     /// caller when its order is not kept, its owner is closed, the slot keeps enough of
     /// that order or is busy.

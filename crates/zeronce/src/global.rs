@@ -449,7 +449,7 @@ impl LargeAlloc for ProcessBackend {
         let arena = self.arena()?;
         arena.sweep_tails();
         let req = AllocRequest { zeroed, hint: None };
-        let block = arena.pm.alloc_prefix(order, req, used_pages).ok()?;
+        let block = arena.pm.alloc_written_prefix(order, req, used_pages).ok()?;
         let prior = block.allocation().prior;
         // Past the size, a known-zero block reads zero; a dirty one only once discarded.
         let zero_from = if prior.known_zero {
@@ -536,6 +536,10 @@ impl LargeAlloc for ProcessBackend {
             live.tail_due = None;
             live.discard_tail();
         } else {
+            if pages > live.used_pages {
+                // The caller may write up to its new size: the map must know.
+                live.block.writes_up_to(pages);
+            }
             live.used_pages = pages;
         }
         live.zero_from = live.zero_from.max(live.used_pages);

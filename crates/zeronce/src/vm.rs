@@ -41,7 +41,7 @@ use zeronce_mm::reporting::{
 };
 use zeronce_mm::{AllocError, AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::block::{Caches, Owners, PageBlock};
+use crate::block::{Caches, Owners, PageBlock, Writes};
 use crate::builder::Builder;
 use crate::error::{BlockError, BuildError};
 use crate::managed::{self, ManagedMemory};
@@ -347,7 +347,7 @@ impl VmMemory {
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, BlockError> {
         let deadline = zeronce_types::clock::deadline_after(Instant::now(), IN_FLIGHT_WAIT);
         retry_while_in_flight(
-            || self.owners.alloc(order, req, order.pages()),
+            || self.owners.alloc(order, req, order.pages(), Writes::Block),
             || self.inner.mm.stats().isolated_pages > 0,
             // A pass holds the device while its blocks are isolated and puts them back
             // before it lets go: taking the device waits for the pass to end.

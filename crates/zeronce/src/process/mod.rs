@@ -32,7 +32,7 @@ use zeronce_mem::{BackingKind, GuestRam, SharedRam};
 use zeronce_mm::reporting::{PassReport, ReportingConfig, ReportingStats};
 use zeronce_mm::{AllocRequest, MemoryManager, Order, Stats, PAGE_SIZE};
 
-use crate::block::{Caches, Owners, PageBlock};
+use crate::block::{Caches, Owners, PageBlock, Writes};
 use crate::builder::Builder;
 use crate::error::{BlockError, BuildError};
 use crate::managed::{self, ManagedMemory};
@@ -253,7 +253,7 @@ impl ProcessMemory {
     /// Allocates with an explicit request (zeroing, hint page).
     #[inline]
     pub fn alloc_with(&self, order: Order, req: AllocRequest) -> Result<PageBlock, BlockError> {
-        self.owners.alloc(order, req, order.pages())
+        self.owners.alloc(order, req, order.pages(), Writes::Block)
     }
 
     /// [`ProcessMemory::alloc_with`] for a caller that uses only the first `used_pages`
@@ -265,7 +265,19 @@ impl ProcessMemory {
         req: AllocRequest,
         used_pages: u64,
     ) -> Result<PageBlock, BlockError> {
-        self.owners.alloc(order, req, used_pages)
+        self.owners.alloc(order, req, used_pages, Writes::Block)
+    }
+
+    /// [`ProcessMemory::alloc_prefix`] for the global allocator, whose callers write no
+    /// more than the first `used_pages` pages until it says so
+    /// ([`PageBlock::writes_up_to`]): see [`Writes::Prefix`].
+    pub(crate) fn alloc_written_prefix(
+        &self,
+        order: Order,
+        req: AllocRequest,
+        used_pages: u64,
+    ) -> Result<PageBlock, BlockError> {
+        self.owners.alloc(order, req, used_pages, Writes::Prefix)
     }
 
     /// Reports up to `max_pages` free pages now (ignoring delay and budget) and settles

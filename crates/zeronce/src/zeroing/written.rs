@@ -96,6 +96,14 @@ impl WrittenPages {
             .is_none_or(|w| w.load(Acquire) & (1 << (pfn % 64)) != 0)
     }
 
+    /// Whether any page of `range` may have been written since it was last zeroed.
+    pub(crate) fn any_written(&self, range: PageRange) -> bool {
+        words(range).any(|(word, mask)| {
+            // Out of the table: not vouched for.
+            self.0.get(word).is_none_or(|w| w.load(Acquire) & mask != 0)
+        })
+    }
+
     /// Calls `f` on each maximal run of written pages of `range`, in address order.
     pub(crate) fn for_each_written_run(&self, range: PageRange, mut f: impl FnMut(PageRange)) {
         let mut run: Option<u64> = None;
@@ -123,6 +131,22 @@ mod tests {
         let mut v = Vec::new();
         w.for_each_written_run(range, |r| v.push((r.start.0, r.pages)));
         v
+    }
+
+    #[test]
+    fn any_written_sees_one_page_in_a_range_across_words() {
+        let w = WrittenPages::new(300, false);
+        let all = PageRange::new(Pfn(0), 300);
+        assert!(!w.any_written(all));
+        w.mark(PageRange::new(Pfn(130), 1), true);
+        assert!(w.any_written(all));
+        assert!(w.any_written(PageRange::new(Pfn(100), 40)));
+        assert!(!w.any_written(PageRange::new(Pfn(0), 130)));
+        assert!(!w.any_written(PageRange::new(Pfn(131), 169)));
+        assert!(
+            w.any_written(PageRange::new(Pfn(330), 10)),
+            "past the table"
+        );
     }
 
     #[test]

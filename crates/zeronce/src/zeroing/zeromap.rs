@@ -157,6 +157,13 @@ impl ZeroMap {
     /// A block was handed out: its chunks become `Used` (after any zeroer on them ended),
     /// its pages written (its holder may write them).
     pub(crate) fn handed_out(&self, block: Block) {
+        self.handed_out_prefix(block, block.order.pages());
+    }
+
+    /// [`ZeroMap::handed_out`] to a holder that writes only the first `written` pages
+    /// (more only after [`ZeroMap::written`]): the rest keep their bits, so pages that read
+    /// zero before the hand-out still do at the free and are not zeroed again.
+    pub(crate) fn handed_out_prefix(&self, block: Block, written: u64) {
         if block.order <= self.chunk_order {
             // One chunk (a block is naturally aligned): no walk.
             if let Some(i) = self.chunk_of(block) {
@@ -167,7 +174,15 @@ impl ZeroMap {
                 self.set(i, USED);
             }
         }
-        self.written.mark(block.range(), true);
+        let range = block.range();
+        self.written
+            .mark(PageRange::new(range.start, written.min(range.pages)), true);
+    }
+
+    /// The holder of a block handed out with [`ZeroMap::handed_out_prefix`] writes the
+    /// pages of `range` too.
+    pub(crate) fn written(&self, range: PageRange) {
+        self.written.mark(range, true);
     }
 
     /// The chunk holding `block`, a block of the chunk order or smaller, if the map has it.
@@ -195,8 +210,8 @@ impl ZeroMap {
 
     /// A block is being freed by its owner, its pages from `zero_from` on reading zero
     /// (0: all of it; the block's page count: none): the chunks it covers whole become
-    /// `Zero` where they read zero, else `Dirty`; chunks shared with other blocks stay
-    /// `Used`.
+    /// `Zero` where they read zero (from `zero_from` on, or no page written since its last
+    /// zeroing), else `Dirty`; chunks shared with other blocks stay `Used`.
     pub(crate) fn freed(&self, block: Block, zero_from: u64) {
         let range = block.range();
         let zero_pages = range.pages.saturating_sub(zero_from);
@@ -210,14 +225,16 @@ impl ZeroMap {
         if block.order == self.chunk_order {
             // One chunk (a 2 MiB block): zero only when all of it reads zero.
             if let Some(i) = self.chunk_of(block) {
-                self.set(i, if zero_from == 0 { ZERO } else { DIRTY });
+                let zero = zero_from == 0 || !self.written.any_written(range);
+                self.set(i, if zero { ZERO } else { DIRTY });
             }
             return;
         }
         let pages = self.chunk_order.pages();
         let first_zero = block.pfn.0 + zero_from.div_ceil(pages) * pages;
         for i in self.overlapping(block.range()) {
-            let zero = self.chunk_range(i).start.0 >= first_zero;
+            let chunk = self.chunk_range(i);
+            let zero = chunk.start.0 >= first_zero || !self.written.any_written(chunk);
             self.set(i, if zero { ZERO } else { DIRTY });
         }
     }

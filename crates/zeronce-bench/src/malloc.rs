@@ -206,6 +206,9 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
             false,
         ));
     }
+    // The malloc-large pattern: every size past the kept blocks, most not powers of two.
+    let iters = a.common.pick(None, 150, 500).to_string();
+    v.push(step("large_5_25mib", &["large", &iters], "wall_ms", false));
     if sqlite {
         v.push(Step {
             per_round: short,

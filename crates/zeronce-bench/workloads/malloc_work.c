@@ -10,6 +10,10 @@
  *   malloc_work hot MIB ROUNDS          calloc MIB, read every line, write it all, free, at
  *                                       once again (a cache-hot buffer reused: thread CPU
  *                                       of the rounds after the first, timed apart)
+ *   malloc_work large ITERS             20 live buffers of 5-25 MiB (random sizes, most not
+ *                                       powers of two): ITERS times free one and malloc a
+ *                                       new one, writing every page (wall, and process CPU
+ *                                       with every thread's, an allocator's own included)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -209,13 +213,38 @@ static int hot(long mib, long rounds) {
     return 0;
 }
 
+/* The malloc-large pattern (image and array buffers): sizes past every allocator's small
+ * classes, freed and allocated at random, each new buffer written in full. */
+static int large(long iters) {
+    enum { LIVE = 20 };
+    char *buf[LIVE] = {0};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    double w0 = ms_of(CLOCK_MONOTONIC), c0 = ms_of(CLOCK_PROCESS_CPUTIME_ID);
+    long sum = 0;
+    for (long i = 0; i < iters; i++) {
+        int k = (int)(next(&x) % LIVE);
+        size_t n = ((size_t)5 << 20) + next(&x) % ((size_t)20 << 20);
+        free(buf[k]);
+        buf[k] = must(malloc(n));
+        for (size_t j = 0; j < n; j += 4096) buf[k][j] = (char)(j >> 12);
+        sum += buf[k][4096];
+    }
+    for (int k = 0; k < LIVE; k++) free(buf[k]);
+    printf("{\"workload\":\"large\",\"iters\":%ld,\"checksum\":%ld,\"wall_ms\":%.3f,"
+           "\"process_cpu_ms\":%.3f,\"rss_mib\":%.1f}\n",
+           iters, sum, ms_of(CLOCK_MONOTONIC) - w0, ms_of(CLOCK_PROCESS_CPUTIME_ID) - c0,
+           rss_mib());
+    return 0;
+}
+
 int main(int argc, char **argv) {
     long a = argc > 2 ? atol(argv[2]) : 0, b = argc > 3 ? atol(argv[3]) : 0;
     if (argc > 3 && !strcmp(argv[1], "reuse")) return reuse(a, b);
     if (argc > 2 && !strcmp(argv[1], "idle")) return idle(a);
     if (argc > 3 && !strcmp(argv[1], "small")) return small(a, b);
     if (argc > 3 && !strcmp(argv[1], "hot")) return hot(a, b);
+    if (argc > 2 && !strcmp(argv[1], "large")) return large(a);
     fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS"
-                    " | hot MIB ROUNDS\n");
+                    " | hot MIB ROUNDS | large ITERS\n");
     return 2;
 }

@@ -26,9 +26,10 @@ pub struct Config {
     pub zeroer: Option<ZeroerConfig>,
     /// `ZERONCE_VERIFY=1`: every zero claim checked against memory (slow).
     pub verify: bool,
-    /// `ZERONCE_THP=0`: the large arena in 4 KiB pages instead of transparent huge pages
-    /// (default 1).
-    pub thp: bool,
+    /// `ZERONCE_THP`: `0`, the large arena in 4 KiB pages instead of transparent huge
+    /// pages; `1`, in huge pages; `None` (unset): huge pages unless the machine's kernel
+    /// reports its free memory to a host (`zeronce::reports_free_memory_to_host`).
+    pub thp: Option<bool>,
     /// `ZERONCE_SHOW_STATS=1`: counters on stderr at exit.
     pub show_stats: bool,
 }
@@ -56,7 +57,7 @@ impl Default for Config {
             host: Host::ZeroThenReport,
             zeroer: None,
             verify: false,
-            thp: true,
+            thp: None,
             show_stats: false,
         }
     }
@@ -130,7 +131,7 @@ impl Config {
             host: host.unwrap_or(d.host),
             zeroer,
             verify: env.flag("ZERONCE_VERIFY").unwrap_or(d.verify),
-            thp: env.flag("ZERONCE_THP").unwrap_or(d.thp),
+            thp: env.flag("ZERONCE_THP").or(d.thp),
             show_stats: env.flag("ZERONCE_SHOW_STATS").unwrap_or(d.show_stats),
         }
     }
@@ -230,7 +231,7 @@ mod tests {
         );
         assert_eq!(c.zeroer.map(|z| z.threads), Some(2));
         assert!(c.verify && c.show_stats);
-        assert!(!c.thp);
+        assert_eq!(c.thp, Some(false));
     }
 
     #[test]

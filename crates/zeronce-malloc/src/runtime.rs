@@ -95,6 +95,12 @@ impl Runtime {
         if config.show_stats {
             keep_stderr_for_report();
         }
+        // Huge pages unless set, or the host takes free memory back (see
+        // `zeronce::reports_free_memory_to_host`: there a huge-page fault of new memory is
+        // a fault on memory the host took).
+        let thp = config
+            .thp
+            .unwrap_or_else(|| !zeronce_lib::reports_free_memory_to_host());
         // Each creates its arena only at its first large allocation.
         let backends = std::array::from_fn(|_| {
             let backend = ProcessBackend::new().threshold(config.threshold);
@@ -103,7 +109,7 @@ impl Runtime {
                 Host::ZeroThenReport => backend.zero_then_report(config.delay),
                 Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
-            let backend = backend.verify(config.verify).thp(config.thp);
+            let backend = backend.verify(config.verify).thp(thp);
             match config.zeroer {
                 Some(z) => backend.zeroer(z),
                 None => backend,

@@ -62,6 +62,7 @@ mod builder;
 mod claimed;
 mod error;
 mod fastpath;
+mod guest;
 mod managed;
 mod policy;
 mod tails;
@@ -78,6 +79,7 @@ pub use block::PageBlock;
 pub use builder::Builder;
 pub use error::{BlockError, BuildError, Error, FreeError, OsError, PrezeroError};
 pub use global::{ProcessBackend, ZeronceAlloc};
+pub use guest::reports_free_memory_to_host;
 pub use prezero::{CancelToken, HugePagePool, PoolPage, PrezeroReport};
 pub use process::{
     DeviceStats, DiscardPolicy, ProcessBuilder, ProcessDevice, ProcessMemory, ProcessStats,

@@ -7,9 +7,12 @@
 //! the other half read zero. These bits remember it per page, so a zero-request zeroes only
 //! the pages written since their last zeroing, whatever the block size.
 //!
-//! A bit is set when a block covering its page is handed out (its holder may write it),
-//! and cleared when the page is zeroed (background zeroer, allocation path) or freed by a
-//! holder vouching it reads zero. Only a block's holder, or a zeroer that holds the block,
+//! A bit is set when a block covering its page is handed out (its holder may write it;
+//! the global allocator's holders only the prefix their size covers, and the rest once a
+//! grow says so), and cleared when the page is zeroed (background zeroer, allocation
+//! path) or freed by a holder vouching it reads zero. A freed chunk none of whose bits is
+//! set reads zero, so it is not zeroed again: a dirty block's untouched tail is not
+//! faulted in by the zeroer. Only a block's holder, or a zeroer that holds the block,
 //! writes its bits; neighbouring blocks sharing a word update it with atomic OR / AND.
 
 use std::sync::atomic::{AtomicU64, Ordering::*};

@@ -95,12 +95,6 @@ impl Runtime {
         if config.show_stats {
             keep_stderr_for_report();
         }
-        // Huge pages unless set, or the host takes free memory back (see
-        // `zeronce::reports_free_memory_to_host`: there a huge-page fault of new memory is
-        // a fault on memory the host took).
-        let thp = config
-            .thp
-            .unwrap_or_else(|| !zeronce_lib::reports_free_memory_to_host());
         // Each creates its arena only at its first large allocation.
         let backends = std::array::from_fn(|_| {
             let backend = ProcessBackend::new().threshold(config.threshold);
@@ -109,7 +103,13 @@ impl Runtime {
                 Host::ZeroThenReport => backend.zero_then_report(config.delay),
                 Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
-            let backend = backend.verify(config.verify).thp(thp);
+            let backend = backend.verify(config.verify);
+            // Unset, the backend's default: huge pages unless the host takes free memory
+            // back (`zeronce::reports_free_memory_to_host`).
+            let backend = match config.thp {
+                Some(on) => backend.thp(on),
+                None => backend,
+            };
             match config.zeroer {
                 Some(z) => backend.zeroer(z),
                 None => backend,

@@ -156,8 +156,9 @@ pub struct ProcessBackend {
     delay: Option<Duration>,
     zeroer: Option<ZeroerConfig>,
     verify: bool,
-    /// Transparent huge pages for the range (`MADV_HUGEPAGE`).
-    thp: bool,
+    /// Transparent huge pages for the range (`MADV_HUGEPAGE`); `None`: unless the kernel
+    /// reports its free memory to a host ([`crate::reports_free_memory_to_host`]).
+    thp: Option<bool>,
     state: AtomicU8,
     /// Passed by every large allocation, free and grow; closed across a `fork` (see
     /// [`ProcessBackend::fork_prepare`]).
@@ -202,7 +203,7 @@ impl ProcessBackend {
             delay: None,
             zeroer: None,
             verify: false,
-            thp: true,
+            thp: None,
             state: AtomicU8::new(UNINIT),
             gate: ForkGate::new(),
             forked: AtomicBool::new(false),
@@ -271,12 +272,14 @@ impl ProcessBackend {
         self
     }
 
-    /// Transparent huge pages for the range (default on): a block faults in and stays in
-    /// 2 MiB pages. Off, in 4 KiB pages: on a virtual machine whose kernel reports its
-    /// free memory to the host, a huge-page refault of memory given back seconds before
-    /// lands on memory the host took back and costs several times a small-page refault.
+    /// Transparent huge pages for the range: a block faults in and stays in 2 MiB pages.
+    /// Off, in 4 KiB pages. By default on, except on a virtual machine whose kernel
+    /// reports its free memory to the host ([`crate::reports_free_memory_to_host`], read
+    /// when the range is created): there a huge-page fault of new memory, or of memory
+    /// given back seconds before, lands on memory the host took back and costs several
+    /// times a small-page fault.
     pub const fn thp(mut self, on: bool) -> Self {
-        self.thp = on;
+        self.thp = Some(on);
         self
     }
 
@@ -388,7 +391,11 @@ impl ProcessBackend {
     fn create(&self) -> Option<&Arena> {
         let mut builder = ProcessMemory::builder()
             .size(self.range_bytes)
-            .backing(BackingKind::Anonymous { thp: self.thp })
+            .backing(BackingKind::Anonymous {
+                thp: self
+                    .thp
+                    .unwrap_or_else(|| !crate::reports_free_memory_to_host()),
+            })
             .max_order(Order::new(MAX_ORDER).ok()?)
             .verify(self.verify)
             .reporting(self.reporting_setup());

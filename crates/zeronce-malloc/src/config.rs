@@ -144,10 +144,11 @@ struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// `name`'s value through `parse`; `None` when unset, or (after one complaint saying
-    /// `what` was expected) when it does not parse.
+    /// `name`'s value through `parse`; `None` when unset or empty (`ZERONCE_THP=`, as a
+    /// shell's `VAR= program` clears a setting), or (after one complaint saying `what` was
+    /// expected) when it does not parse.
     fn read<T>(&mut self, name: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Option<T> {
-        let value = (self.get)(name)?;
+        let value = (self.get)(name).filter(|v| !v.is_empty())?;
         let parsed = value.to_str().and_then(|v| parse(v.trim()));
         if parsed.is_none() {
             bad(self.complain, name, &value.to_string_lossy(), what);
@@ -232,6 +233,20 @@ mod tests {
         assert_eq!(c.zeroer.map(|z| z.threads), Some(2));
         assert!(c.verify && c.show_stats);
         assert_eq!(c.thp, Some(false));
+    }
+
+    #[test]
+    fn an_empty_value_is_unset_without_a_complaint() {
+        let (c, lines) = config(&[("ZERONCE_THP", ""), ("ZERONCE_THRESHOLD", "")]);
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(c.thp, None);
+        assert_eq!(c.threshold, DEFAULT_THRESHOLD);
+        let (_, lines) = config(&[("ZERONCE_THP", " ")]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "blanks are a value, and not a valid one: {lines:?}"
+        );
     }
 
     #[test]

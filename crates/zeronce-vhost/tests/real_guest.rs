@@ -4,8 +4,11 @@
 //! host side: the guest's memory file (`fstat` st_blocks of the file UML maps), the
 //! guest's /proc/meminfo as it prints it, the daemon's process.
 //!
-//! Needs `linux.uml` and `insmod` (`apt-get install user-mode-linux kmod`); without them
-//! the test fails and says so. `.ci/run` installs both.
+//! Needs `linux.uml` and `insmod` (`apt-get install user-mode-linux kmod`), so the tests
+//! are ignored by a plain `cargo nextest run` (reported skipped, like the hugetlb tests);
+//! `.ci/run` installs both and runs them with `--run-ignored all`, except on a host where
+//! User Mode Linux cannot start its userspace (it says so). Run by hand, without them, a
+//! test fails and says what to install.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -327,6 +330,7 @@ fn hardened_guest(name: &str, cmdline: &str, want: u64, unwanted: u64, within: D
 /// `init_on_free=1` (freed pages zeroed): Linux keeps PAGE_POISON (bit 4), writes
 /// `poison_val` 0 and keeps reporting (bit 5); a discarded page reads as that poison.
 #[test]
+#[ignore = "boots User Mode Linux: run by .ci/run (--run-ignored all) where it can start its userspace"]
 fn a_guest_with_init_on_free_negotiates_page_poison_and_reports() {
     hardened_guest(
         "iof",
@@ -343,6 +347,7 @@ fn a_guest_with_init_on_free_negotiates_page_poison_and_reports() {
 /// second time, without PAGE_POISON and without the vhost-user protocol bit. Memory
 /// comes back as in a default guest.
 #[test]
+#[ignore = "boots User Mode Linux: run by .ci/run (--run-ignored all) where it can start its userspace"]
 fn a_guest_with_page_poison_1_on_this_kernel_drops_page_poison_and_reports() {
     hardened_guest("pp", "page_poison=1", REPORTING, PAGE_POISON, REPORT_WITHIN);
 }
@@ -351,6 +356,7 @@ fn a_guest_with_page_poison_1_on_this_kernel_drops_page_poison_and_reports() {
 /// deleted stay in the memory file until `hint` starts a run; then >= 90 % of it leaves
 /// the file within [`HINT_WITHIN`], and the run ends DONE at the guest's STOP.
 #[test]
+#[ignore = "boots User Mode Linux: run by .ci/run (--run-ignored all) where it can start its userspace"]
 fn a_hint_run_returns_a_freed_tmpfs_with_reporting_off() {
     require_uml();
     let dir = test_dir("hint");
@@ -416,6 +422,7 @@ fn a_hint_run_returns_a_freed_tmpfs_with_reporting_off() {
 }
 
 #[test]
+#[ignore = "boots User Mode Linux: run by .ci/run (--run-ignored all) where it can start its userspace"]
 fn real_linux_guest_reports_inflates_deflates_and_sends_stats() {
     require_uml();
     let dir = test_dir("guest");

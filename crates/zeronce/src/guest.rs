@@ -9,6 +9,7 @@
 //! for a hot buffer reused in place, make every first touch of new memory and every reuse
 //! of memory given back seconds before several times slower there.
 
+use std::io::Write;
 use std::path::Path;
 
 use rustix::fs::{open, Mode, OFlags};
@@ -31,46 +32,25 @@ pub fn reports_free_memory_to_host() -> bool {
     reports_at(Path::new("/sys"))
 }
 
-/// Up to `N` bytes of the file at `dir` + `rest`, read into a buffer on the stack; `None`
-/// when the path is too long or the file cannot be read.
-fn read_small<const N: usize>(dir: &[u8], rest: &[&[u8]]) -> Option<([u8; N], usize)> {
-    let mut path = [0u8; 160];
-    let mut len = 0;
-    for part in std::iter::once(dir).chain(rest.iter().copied()) {
-        path.get_mut(len..len + part.len())?.copy_from_slice(part);
-        len += part.len();
-    }
-    let fd = open(
-        &path[..len],
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let mut buf = [0u8; N];
-    let n = read(&fd, &mut buf).ok()?;
-    Some((buf, n))
-}
-
-/// `n` in decimal, in `out` (at most 20 digits); the digits written.
-fn decimal(mut n: usize, out: &mut [u8; 20]) -> &[u8] {
-    let mut at = out.len();
-    loop {
-        at -= 1;
-        out[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &out[at..];
-        }
-    }
+/// Up to `N` bytes of the file at `path`, read into a buffer on the stack (the path is
+/// formatted into one too); `None` when the path is too long or the file cannot be read.
+fn read_small<const N: usize>(path: std::fmt::Arguments) -> Option<([u8; N], usize)> {
+    let mut buf = [0u8; 192];
+    let mut rest = &mut buf[..];
+    rest.write_fmt(path).ok()?;
+    let len = 192 - rest.len();
+    let fd = open(&buf[..len], OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let mut out = [0u8; N];
+    let n = read(&fd, &mut out).ok()?;
+    Some((out, n))
 }
 
 /// [`reports_free_memory_to_host`] for a sysfs tree at `sys`.
 fn reports_at(sys: &Path) -> bool {
-    let sys = sys.as_os_str().as_encoded_bytes();
-    let order = read_small::<16>(
-        sys,
-        &[b"/module/page_reporting/parameters/page_reporting_order"],
-    )
+    let sys = sys.display();
+    let order = read_small::<16>(format_args!(
+        "{sys}/module/page_reporting/parameters/page_reporting_order"
+    ))
     .and_then(|(b, n)| {
         std::str::from_utf8(&b[..n])
             .ok()?
@@ -83,17 +63,10 @@ fn reports_at(sys: &Path) -> bool {
         return false;
     }
     (0..DEVICES).any(|i| {
-        let mut digits = [0u8; 20];
-        let n = decimal(i, &mut digits);
         // The file lists the negotiated feature bits as '0'/'1' characters, bit 0 first.
-        read_small::<64>(
-            sys,
-            &[
-                b"/bus/virtio/drivers/virtio_balloon/virtio",
-                n,
-                b"/features",
-            ],
-        )
+        read_small::<64>(format_args!(
+            "{sys}/bus/virtio/drivers/virtio_balloon/virtio{i}/features"
+        ))
         .is_some_and(|(b, len)| len > F_REPORTING && b[F_REPORTING] == b'1')
     })
 }

@@ -164,10 +164,22 @@ fn alloc_slow(
     writes: Writes,
 ) -> Result<PageBlock, BlockError> {
     let caches = &mine.caches;
-    if req.zeroed && order == HUGE_ORDER {
-        // The thread's kept huge blocks go back first, so the manager's search order sees
-        // them: resident (a memset) before reported memory (a refault of every page).
-        caches.give_back_mine(order);
+    if order == HUGE_ORDER {
+        if req.zeroed {
+            // The thread's kept huge blocks go back first, so the manager's search order
+            // sees them: resident (a memset) before reported memory (a refault of every
+            // page).
+            caches.give_back_mine(order);
+        } else if let Some(claimed) = caches.alloc_refilling(order, |alloc, bytes| Claimed {
+            alloc: AllocWords::new(&alloc),
+            bytes,
+            owner: Arc::clone(mine),
+        }) {
+            // None kept: a few taken together, the others kept for the next ones.
+            return Ok(PageBlock {
+                claimed: Some(claimed),
+            });
+        }
     }
     let alloc = caches.alloc(order, req, used_pages)?;
     if let Some(l) = caches.life() {

@@ -77,6 +77,7 @@ use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
 mod drain;
+mod refill;
 mod slots;
 use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
 pub(crate) use slots::{Slots, HUGE_ORDER};

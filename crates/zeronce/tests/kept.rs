@@ -317,3 +317,41 @@ fn a_slot_keeps_more_huge_blocks_while_allocations_find_none_and_gives_the_oldes
     let kept = pm.manager().stats().allocated_pages / 512;
     assert!(kept <= 8, "{kept} kept after a drain");
 }
+
+#[test]
+fn a_huge_allocation_past_the_kept_blocks_takes_several_and_counts_one() {
+    // Linux's `rmqueue_bulk` for the huge list: an allocation that finds none kept takes
+    // a few resident dirty blocks under one zone lock and keeps the others for the next
+    // allocations. The user still sees one allocation, and every block taken ahead goes
+    // back when the caches drain.
+    let pm = plain();
+    let n = most_huge_kept() + 8;
+    // More than a slot keeps: the rest reach the manager, dirty and resident.
+    let blocks: Vec<_> = (0..n).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    drop(blocks);
+    let before = pm.stats();
+    let manager_before = pm.manager().stats().allocs[9];
+    let first = pm.alloc(order(9)).unwrap();
+    let taken = pm.manager().stats().allocs[9] - manager_before;
+    assert!(taken > 1, "one block taken from the manager, not a batch");
+    // The next ones come from the batch: no manager call.
+    let rest: Vec<_> = (1..taken).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    assert_eq!(pm.manager().stats().allocs[9] - manager_before, taken);
+    let mut all: Vec<_> = rest.iter().chain([&first]).map(PageBlock::block).collect();
+    all.sort_by_key(|b| b.pfn);
+    all.dedup();
+    assert_eq!(all.len() as u64, taken, "a block handed out twice");
+    assert!(rest
+        .iter()
+        .all(|b| b.allocation().zeroing == Zeroing::NotRequested));
+    drop((first, rest));
+    // Once more, then drained unused: counted once each way, nothing left allocated.
+    let one = pm.alloc(order(9)).unwrap();
+    drop(one);
+    let after = pm.stats();
+    let user = taken + 1;
+    assert_eq!(after.mm.allocs[9] - before.mm.allocs[9], user);
+    assert_eq!(after.mm.frees[9] - before.mm.frees[9], user);
+    assert_eq!(after.zeroing.freed - before.zeroing.freed, user * (2 << 20));
+    assert_eq!(after.mm.allocated_pages, 0, "a block taken ahead was lost");
+}

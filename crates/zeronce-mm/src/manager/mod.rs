@@ -332,6 +332,40 @@ impl MemoryManager {
         Err(AllocError::OutOfMemory(order))
     }
 
+    /// Allocates up to `out.len()` blocks of `order` that are resident and dirty (freed
+    /// dirty, not reported), under one zone lock per zone (Linux `rmqueue_bulk`), for a
+    /// caller that wants their contents unspecified: each as [`MemoryManager::alloc`]
+    /// with [`AllocRequest::DIRTY`] would have handed it out (no zeroing), but known-zero
+    /// and reported blocks stay for the requests that want them. Fills `out` from the
+    /// start; how many were allocated (0 is not a failure: the caller falls back to
+    /// [`MemoryManager::alloc`]).
+    pub fn alloc_resident_dirty(&self, order: Order, out: &mut [Allocation]) -> usize {
+        if order > self.config.max_order {
+            return 0;
+        }
+        let mut blocks = [Block::new(Pfn(0), order); 16];
+        let mut filled = 0;
+        for (i, slot) in self.zones.iter().enumerate() {
+            while filled < out.len() {
+                let want = (out.len() - filled).min(blocks.len());
+                let taken = lock(slot).take_resident_dirty(order, &mut blocks[..want]);
+                for (a, &block) in out[filled..].iter_mut().zip(&blocks[..taken]) {
+                    *a = Allocation {
+                        block,
+                        zone: ZoneId(i),
+                        zeroing: Zeroing::NotRequested,
+                        prior: FreeState::DIRTY,
+                    };
+                }
+                filled += taken;
+                if taken < want {
+                    break;
+                }
+            }
+        }
+        filled
+    }
+
     /// Verify mode caught a false zero claim on `block`, taken from `slot` with `prior`:
     /// gives it back as not known zero (keeping `reported`, which is about the backing,
     /// not the contents), counts the failure, and returns the error to fail loudly with.

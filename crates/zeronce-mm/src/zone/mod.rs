@@ -231,20 +231,50 @@ impl Zone {
         n: usize,
         out: &mut Vec<(Pfn, FreeState)>,
     ) -> usize {
-        let mut taken = 0;
-        while taken < n {
-            // Resident first, like `take`.
-            let next = DIRTY_STATES
+        self.take_each(&DIRTY_STATES, order, n, |zone, idx, state| {
+            zone.tags.set(idx, Tag::Cached { order, state });
+            out.push((zone.pfn(idx), state));
+        })
+    }
+
+    /// Takes up to `out.len()` resident dirty blocks of `order` (smallest order first,
+    /// splitting) and marks them allocated, as [`Zone::take`] would one by one; known-zero
+    /// and reported blocks stay for the requests that want them. Fills `out` from the
+    /// start and returns how many were taken.
+    pub fn take_resident_dirty(&mut self, order: Order, out: &mut [Block]) -> usize {
+        let mut slots = out.iter_mut();
+        let n = slots.len();
+        self.take_each(&[FreeState::DIRTY], order, n, |zone, idx, _| {
+            zone.tags.set(idx, Tag::Allocated { order });
+            zone.counters.allocs[order.index()] += 1;
+            if let Some(slot) = slots.next() {
+                *slot = Block::new(zone.pfn(idx), order);
+            }
+        })
+    }
+
+    /// Takes up to `n` blocks of `order` in `states` (resident first, like
+    /// [`Zone::take`]), calling `taken` with each head index and state (its tag is
+    /// `taken`'s to set); how many were taken.
+    fn take_each(
+        &mut self,
+        states: &[FreeState],
+        order: Order,
+        n: usize,
+        mut taken: impl FnMut(&mut Self, u32, FreeState),
+    ) -> usize {
+        let mut count = 0;
+        while count < n {
+            let next = states
                 .iter()
                 .find_map(|&state| self.pop_split(&[state], order));
             let Some((idx, state)) = next else {
                 break;
             };
-            self.tags.set(idx, Tag::Cached { order, state });
-            out.push((self.pfn(idx), state));
-            taken += 1;
+            taken(self, idx, state);
+            count += 1;
         }
-        taken
+        count
     }
 
     /// Takes back a block from a per-thread cache (`free_pcppages_bulk`): it goes on the

@@ -10,7 +10,7 @@ use super::{Keep, ThreadCaches};
 use crate::claimed::ClaimedBytes;
 
 /// Most kept huge blocks that go back to the manager together.
-const HUGE_DRAIN: usize = 8;
+pub(super) const HUGE_DRAIN: usize = 8;
 
 impl<E: Keep> ThreadCaches<E> {
     /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):

@@ -157,6 +157,17 @@ impl SlotCounters {
         }
     }
 
+    /// `n` blocks the manager just allocated (and counted) went onto the guarded slot's
+    /// list `list` without a free: their take from the list is the allocation the manager
+    /// counted (so it is taken back here), and one given back unused is a free the
+    /// manager counts against the kept free [`SlotCounters::count_given_back`] takes back.
+    /// A counter may so dip below zero for a while: the sums wrap.
+    pub(super) fn count_refill<E>(&self, guard: &SlotGuard<E>, list: usize, n: u64) {
+        if let Some(c) = self.of(guard) {
+            bump(&c.allocs[list], n.wrapping_neg());
+        }
+    }
+
     /// `n` blocks of the guarded slot's list `list` go back to the manager, which
     /// counts their frees and the zero map their bytes.
     pub(super) fn count_given_back<E>(&self, guard: &SlotGuard<E>, list: usize, n: u64) {
@@ -201,8 +212,8 @@ impl SlotCounters {
         for c in self.0.iter() {
             for list in 0..LISTS {
                 let o = list_order(list).index();
-                stats.allocs[o] += c.allocs[list].load(Relaxed);
-                stats.frees[o] += c.frees[list].load(Relaxed);
+                stats.allocs[o] = stats.allocs[o].wrapping_add(c.allocs[list].load(Relaxed));
+                stats.frees[o] = stats.frees[o].wrapping_add(c.frees[list].load(Relaxed));
             }
         }
     }

@@ -306,7 +306,11 @@ impl ProcessMemory {
             reporting: r.map(|r| r.stats()),
             device: r.map(|r| r.with_device(|d| d.stats())),
             zeroing: ZeroingStats {
-                freed: zeroing.freed + self.inner.caches.kept_freed_bytes(),
+                // Wrapping: blocks taken ahead into a kept list and given back unused count
+                // freed in the map and are taken back from the kept bytes.
+                freed: zeroing
+                    .freed
+                    .wrapping_add(self.inner.caches.kept_freed_bytes()),
                 ..zeroing
             },
         }

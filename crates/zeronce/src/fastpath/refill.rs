@@ -1,0 +1,96 @@
+//! The way an allocation of a huge block that finds none kept fills its slot's list
+//! ([`ThreadCaches::alloc_refilling`]): several resident dirty blocks come from the
+//! manager under one zone lock, all but one are kept on the slot, as Linux's
+//! `rmqueue_bulk` refills a per-CPU list with a batch of pages — the mirror of [`super::drain`].
+
+use zeronce_mm::{Allocation, Block, FreeHint, FreeState, Order, Pfn, Zeroing, ZoneId};
+
+use super::slots::{SlotGuard, HUGE_LIST};
+use super::{Keep, ThreadCaches};
+use crate::claimed::ClaimedBytes;
+
+/// Most huge blocks taken from the manager together (the allocation's and the ones
+/// kept); as many as a full list gives back together.
+const HUGE_REFILL: usize = super::drain::HUGE_DRAIN;
+
+impl<E: Keep> ThreadCaches<E> {
+    /// A dirty allocation of a huge block (`order`) that found none kept: takes up to
+    /// [`HUGE_REFILL`] resident dirty blocks from the manager under one zone lock, as many
+    /// as the calling thread's slot has room to keep beside the one returned, hands out
+    /// and claims each, builds each entry with `wrap`, keeps all but one on the slot and
+    /// returns that one. `None` (nothing taken) when the slot is busy or has no room, the
+    /// owner is closed, or the manager has no resident dirty block: the caller allocates
+    /// the usual way.
+    ///
+    /// A kept block taken this way is what a freed one is (allocated, claimed, its chunks
+    /// `Used`), counted so that the manager's allocation plus the kept list's later one
+    /// make one; a reporting pass is requested, which gives it back first, so blocks
+    /// taken ahead are not kept from the host longer than a free would.
+    #[inline(never)]
+    pub(crate) fn alloc_refilling(
+        &self,
+        order: Order,
+        mut wrap: impl FnMut(Allocation, ClaimedBytes) -> E,
+    ) -> Option<E> {
+        let mut guard = SlotGuard::try_mine(E::slots())?;
+        if self.is_closed() {
+            return None;
+        }
+        let room = self
+            .limit(&guard, HUGE_LIST)
+            .saturating_sub(guard.list(HUGE_LIST).len());
+        if room == 0 {
+            return None;
+        }
+        let none = Allocation {
+            block: Block::new(Pfn(0), order),
+            zone: ZoneId(0),
+            zeroing: Zeroing::NotRequested,
+            prior: FreeState::DIRTY,
+        };
+        let mut allocs = [none; HUGE_REFILL];
+        let want = (room + 1).min(HUGE_REFILL);
+        let taken = self.mm.alloc_resident_dirty(order, &mut allocs[..want]);
+        let mut first = None;
+        let mut kept = 0u64;
+        for &alloc in &allocs[..taken] {
+            let Some(bytes) = self.hand_out(alloc.block) else {
+                continue;
+            };
+            let entry = wrap(alloc, bytes);
+            if first.is_none() {
+                first = Some(entry);
+            } else {
+                guard.list(HUGE_LIST).push(entry);
+                kept += 1;
+            }
+        }
+        if kept > 0 {
+            self.counters.count_refill(&guard, HUGE_LIST, kept);
+            drop(guard);
+            self.kept_huge_block();
+        }
+        first
+    }
+
+    /// Hands out `block`, just allocated dirty: its chunks become `Used` and its bytes
+    /// are claimed. `None` (the block freed back, the bug logged) if the claim fails.
+    fn hand_out(&self, block: Block) -> Option<ClaimedBytes> {
+        if let Some(l) = self.life() {
+            l.map.handed_out(block);
+        }
+        match ClaimedBytes::claim(&self.ram, block.pfn, block.order) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                tracing::error!(%e, %block, "claiming a block taken for a kept list failed");
+                if let Some(l) = self.life() {
+                    l.map.freed(block, block.order.pages());
+                }
+                if let Err(e) = self.mm.free(block, FreeHint::Dirty) {
+                    tracing::error!(%e, %block, "giving back an unclaimed block failed");
+                }
+                None
+            }
+        }
+    }
+}

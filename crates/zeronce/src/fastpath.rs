@@ -44,6 +44,9 @@
 //! every drain of the slot takes it back to the base. A free into a full huge list gives
 //! the list's oldest blocks back to the manager together, under one zone lock
 //! ([`drain`], Linux's `free_pcppages_bulk`), and keeps the freed block.
+//! The other way, a dirty huge allocation that finds none kept takes up to as many
+//! resident dirty blocks from the manager under one zone lock as its slot has room for
+//! beside the one it returns, and keeps those ([`refill`], Linux's `rmqueue_bulk`).
 //!
 //! **The way back.** Every allocated block reaches the manager through one function,
 //! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going

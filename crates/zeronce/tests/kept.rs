@@ -355,3 +355,34 @@ fn a_huge_allocation_past_the_kept_blocks_takes_several_and_counts_one() {
     assert_eq!(after.zeroing.freed - before.zeroing.freed, user * (2 << 20));
     assert_eq!(after.mm.allocated_pages, 0, "a block taken ahead was lost");
 }
+
+#[test]
+fn blocks_taken_ahead_into_a_kept_list_are_reported_after_the_delay() {
+    // A refill keeps blocks nobody freed; like kept frees they go back before the next
+    // reporting pass (the refill requests one too) and are reported: RSS follows the
+    // one block still held.
+    let pm = reporting(Duration::from_secs(1), 9);
+    std::thread::sleep(Duration::from_millis(200));
+    let blocks: Vec<_> = (0..most_huge_kept() + 8)
+        .map(|_| {
+            let mut b = pm.alloc(order(9)).unwrap();
+            b.as_mut_slice().fill(1);
+            b
+        })
+        .collect();
+    drop(blocks);
+    // The kept ones back to the manager, nothing reported yet: the next allocation
+    // finds none kept.
+    let flushed = pm.flush(0);
+    assert_eq!(flushed.stats.pages, 0);
+    let manager_before = pm.manager().stats().allocs[9];
+    let held = pm.alloc(order(9)).unwrap();
+    assert!(
+        pm.manager().stats().allocs[9] - manager_before > 1,
+        "no batch taken (reported before the allocation?)"
+    );
+    eventually("everything but the held block is reported", || {
+        pm.resident_bytes() < 4 << 20
+    });
+    assert!(inside(&pm, &held));
+}

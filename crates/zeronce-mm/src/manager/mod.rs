@@ -343,25 +343,12 @@ impl MemoryManager {
         if order > self.config.max_order {
             return 0;
         }
-        let mut blocks = [Block::new(Pfn(0), order); 16];
         let mut filled = 0;
-        for (i, slot) in self.zones.iter().enumerate() {
-            while filled < out.len() {
-                let want = (out.len() - filled).min(blocks.len());
-                let taken = lock(slot).take_resident_dirty(order, &mut blocks[..want]);
-                for (a, &block) in out[filled..].iter_mut().zip(&blocks[..taken]) {
-                    *a = Allocation {
-                        block,
-                        zone: ZoneId(i),
-                        zeroing: Zeroing::NotRequested,
-                        prior: FreeState::DIRTY,
-                    };
-                }
-                filled += taken;
-                if taken < want {
-                    break;
-                }
+        for slot in &self.zones {
+            if filled == out.len() {
+                break;
             }
+            filled += lock(slot).take_resident_dirty(order, &mut out[filled..]);
         }
         filled
     }

@@ -9,6 +9,7 @@ pub(crate) mod free_lists;
 pub(crate) mod tags;
 
 use crate::error::FreeError;
+use crate::manager::{Allocation, Zeroing};
 use crate::stats::{FreeCounts, ZoneInfo};
 use crate::types::{Block, FreeState, Order, PageRange, Pfn, ZoneId, NR_ORDERS};
 use free_lists::{FreeLists, Links};
@@ -238,17 +239,22 @@ impl Zone {
     }
 
     /// Takes up to `out.len()` resident dirty blocks of `order` (smallest order first,
-    /// splitting) and marks them allocated, as [`Zone::take`] would one by one; known-zero
-    /// and reported blocks stay for the requests that want them. Fills `out` from the
-    /// start and returns how many were taken.
-    pub fn take_resident_dirty(&mut self, order: Order, out: &mut [Block]) -> usize {
+    /// splitting) and marks them allocated, as [`Zone::take`] would one by one for a
+    /// request that zeroes nothing; known-zero and reported blocks stay for the requests
+    /// that want them. Fills `out` from the start and returns how many were taken.
+    pub fn take_resident_dirty(&mut self, order: Order, out: &mut [Allocation]) -> usize {
         let mut slots = out.iter_mut();
         let n = slots.len();
-        self.take_each(&[FreeState::DIRTY], order, n, |zone, idx, _| {
+        self.take_each(&[FreeState::DIRTY], order, n, |zone, idx, prior| {
             zone.tags.set(idx, Tag::Allocated { order });
             zone.counters.allocs[order.index()] += 1;
             if let Some(slot) = slots.next() {
-                *slot = Block::new(zone.pfn(idx), order);
+                *slot = Allocation {
+                    block: Block::new(zone.pfn(idx), order),
+                    zone: zone.id,
+                    zeroing: Zeroing::NotRequested,
+                    prior,
+                };
             }
         })
     }

@@ -1,7 +1,8 @@
-//! The C allocation functions (`malloc`, `free`, … and glibc's `__libc_*` names), thin
-//! shims over [`crate::runtime`] (large blocks, zeronce) and mimalloc (the rest). The only
-//! module with `unsafe`: raw pointers, `errno`, mimalloc's C functions, the constructor
-//! and destructor entries.
+//! The C allocation functions (`malloc`, `free`, … and glibc's `__libc_*` names; glibc's
+//! extensions and C23's sized frees in [`extensions`]), thin shims over [`crate::runtime`]
+//! (large blocks, zeronce) and mimalloc (the rest). With its child module, the only one
+//! with `unsafe`: raw pointers, `errno`, mimalloc's C functions, the constructor and
+//! destructor entries.
 //!
 //! Routing: an allocation of at least the threshold is offered to zeronce; what zeronce
 //! declines, and everything smaller, is mimalloc's. A pointer given back goes to zeronce
@@ -433,6 +434,9 @@ macro_rules! export {
         }
     };
 }
+
+mod extensions;
+pub(crate) use extensions::mimalloc_committed;
 
 export!(c_malloc(size: usize) -> *mut c_void as
     /// C `malloc`.

@@ -231,17 +231,43 @@ impl Runtime {
         in_backend(|| backend.grow(addr, size)).is_some_and(|g| g.len() >= size)
     }
 
-    /// The exit report's lines.
+    /// Gives back now the memory zeronce holds and no allocation uses (see
+    /// [`ProcessBackend::trim`]); whether anything went back. `malloc_trim`'s large half.
+    pub fn trim(&self) -> bool {
+        let backend = self.backend();
+        in_backend(|| Some(backend.trim())).unwrap_or(false)
+    }
+
+    /// Bytes of live large blocks now (sizes rounded up to pages) and at the most.
+    pub fn large_live(&self) -> (u64, u64) {
+        let backend = self.backend();
+        (backend.live_bytes(), backend.peak_live_bytes())
+    }
+
+    /// The report's lines: at exit under `ZERONCE_SHOW_STATS`, and for `malloc_stats`.
     pub fn report(&self) -> String {
         let c = &self.counters;
+        let small = if self.config.show_stats {
+            format!(
+                "{} in {} allocations",
+                bytes(c.small_bytes.load(Relaxed)),
+                c.small_allocs.load(Relaxed)
+            )
+        } else {
+            "not counted (ZERONCE_SHOW_STATS=1 counts them)".to_string()
+        };
         let mut out = format!(
-            "zeronce: large (zeronce) {} in {} allocations; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {} in {} allocations\n",
+            "zeronce: large (zeronce) {} in {} allocations; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {small}\n",
             bytes(c.large_bytes.load(Relaxed)),
             c.large_allocs.load(Relaxed),
             bytes(c.declined_bytes.load(Relaxed)),
             c.declined_allocs.load(Relaxed),
-            bytes(c.small_bytes.load(Relaxed)),
-            c.small_allocs.load(Relaxed),
+        );
+        let (committed, peak) = crate::ffi::mimalloc_committed();
+        out += &format!(
+            "zeronce: mimalloc committed now {}, peak {} (small blocks and declined large ones)\n",
+            bytes(committed as u64),
+            bytes(peak as u64)
         );
         let backend = self.backend();
         let live = format!(

@@ -84,13 +84,20 @@ struct Live {
 }
 
 impl Live {
-    /// Gives back the backing of the tail's whole huge pages.
-    fn discard_tail(&mut self) {
+    /// Gives back the backing of the tail's whole huge pages; whether there were any.
+    fn discard_tail(&mut self) -> bool {
         let from = tail_discard_from(self.used_pages, self.block.block().order);
         match self.block.discard_tail(from) {
-            Ok(true) => self.zero_from = self.zero_from.min(from),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(%e, "zeronce global allocator: discarding a tail failed"),
+            Ok(discarded) => {
+                if discarded {
+                    self.zero_from = self.zero_from.min(from);
+                }
+                discarded
+            }
+            Err(e) => {
+                tracing::warn!(%e, "zeronce global allocator: discarding a tail failed");
+                false
+            }
         }
     }
 }
@@ -340,6 +347,31 @@ impl ProcessBackend {
     pub fn fork_child(&'static self) {
         self.forked.store(true, Relaxed);
         self.fork_parent();
+    }
+
+    /// Gives back now what the arena holds in memory that no allocation uses: the resident
+    /// tails of live blocks (without waiting for their hold) and every free block (the
+    /// per-thread kept ones first), reported at once whatever the delay. Whether anything
+    /// went back; `false` before the first large allocation and in a `fork` child (which
+    /// never calls the manager). What `malloc_trim` does for large blocks.
+    pub fn trim(&self) -> bool {
+        let Some(arena) = self.arena.get() else {
+            return false;
+        };
+        let _gate = self.gate();
+        if self.is_forked_child() {
+            return false;
+        }
+        let mut tails = false;
+        for shard in &arena.live {
+            for live in lock(&shard.0).values_mut() {
+                if live.tail_due.take().is_some() {
+                    tails |= live.discard_tail();
+                }
+            }
+        }
+        let pass = arena.pm.flush(u64::MAX);
+        tails || pass.stats.pages > 0
     }
 
     fn gate(&self) -> RwLockReadGuard<'_, ()> {

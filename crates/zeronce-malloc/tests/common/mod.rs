@@ -155,6 +155,23 @@ pub fn run_abort(make: &dyn Fn() -> Command, secs: u64) -> Output {
     child.wait_with_output().expect("collect the output")
 }
 
+/// The run of `mode` ended in `abort()` (SIGABRT) after exactly one line of the library's
+/// starting with `line` opened its stderr, and the program did not go on to say "not
+/// detected".
+pub fn aborted_with_one_line(out: &Output, mode: &str, line: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    const SIGABRT: i32 = 6;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(SIGABRT), "{mode}: {stderr}");
+    assert!(stderr.starts_with(line), "{mode}: {stderr}");
+    let lines = stderr
+        .lines()
+        .filter(|l| l.starts_with("zeronce: "))
+        .count();
+    assert_eq!(lines, 1, "{mode}: {stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("not detected"));
+}
+
 /// Runs the program on glibc and under libzeronce.so; both succeed with the same output.
 /// Returns zeronce's run.
 pub fn same_output(make: &dyn Fn() -> Command) -> Output {

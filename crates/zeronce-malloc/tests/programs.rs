@@ -2,7 +2,8 @@
 //! glibc's allocator: C programs written here (large zeroed buffers, realloc, small
 //! churn, threads, fork from a multi-threaded parent, the C rules, allocation in a
 //! constructor that runs before ours), a C++ program, and programs
-//! nobody here wrote (`python3` with NumPy, `sqlite3`). The C and C++ sources are in
+//! nobody here wrote (`python3` with NumPy, with threads and a `fork` pool, `sqlite3`, `xz`,
+//! `sort`, `perl`, Lua, `zstd`, `redis-server` with `redis-benchmark`). The C and C++ sources are in
 //! `tests/programs/`, compiled with gcc/g++ at test time.
 //!
 //! A missing tool fails its test saying what to install (`.ci/run` installs them). What
@@ -252,4 +253,90 @@ fn lua_and_zstd_with_a_128_mib_window_print_the_same() {
         &data,
     ));
     assert_served(&ours, 4);
+}
+
+#[test]
+fn redis_server_with_large_values_and_redis_benchmark_print_the_same() {
+    need("redis-server", "redis-server");
+    need("redis-cli", "redis-tools");
+    need("redis-benchmark", "redis-tools");
+    need("timeout", "coreutils");
+    // Debian's redis is built for jemalloc (it calls `mallctl` and `nallocx` beside
+    // `malloc`): under the preload its blocks are ours and jemalloc only answers those
+    // two. A 64 MiB string grown by SETRANGE and APPEND, 200 000 keys, a 3 MB value,
+    // then redis-benchmark's small and 4 MB values; the server, every client and the
+    // benchmark run under the preload, each with its own exit report.
+    let dir = workdir("redis");
+    let ours = same_output(&shell(
+        r#"sock="$1/r.sock"; rm -f "$sock"
+        timeout 120 redis-server --port 0 --unixsocket "$sock" --save '' --appendonly no \
+            --enable-debug-command yes --daemonize no >"$1/server.log" 2>&1 &
+        pid=$!
+        for i in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+        c() { redis-cli -s "$sock" "$@"; }
+        c SETRANGE big 67108863 x && c STRLEN big && c GETRANGE big 67108860 67108863 | od -c
+        c APPEND big yz && c STRLEN big
+        c DEBUG POPULATE 200000 key 100 && c DBSIZE
+        c RPUSH l a b c && c LRANGE l 0 -1
+        head -c 3000000 /dev/zero | tr '\0' a | c -x SET s && c STRLEN s
+        c GETRANGE s 2999998 -1
+        c DEL big && c FLUSHALL && c DBSIZE
+        redis-benchmark -s "$sock" -q -n 20000 -t set,get,lpush,lpop -d 100 | tr '\r' '\n' \
+            | grep -c 'requests per second'
+        redis-benchmark -s "$sock" -q -n 200 -t set -d 4000000 | tr '\r' '\n' \
+            | grep -c 'requests per second'
+        c SHUTDOWN NOSAVE
+        wait $pid; echo "server exit $?""#,
+        &dir,
+    ));
+    // Both runs did the work, not failed alike (a server that never started).
+    let out = String::from_utf8_lossy(&ours.stdout);
+    for line in ["67108866", "200001", "3000000", "server exit 0"] {
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    assert_eq!(out.lines().filter(|l| *l == "4").count(), 1, "{out}");
+    // The server's 64 MiB string, its 3 MB and 4 MB values.
+    assert_served(&ours, 3);
+}
+
+#[test]
+fn python_threads_and_a_forked_process_pool_on_large_buffers_print_the_same() {
+    let python = need("python3", "python3");
+    // Threads that build and free large bytes and bytearrays at once (realloc chains
+    // through the threshold), then a `fork` pool whose workers inherit the parent's
+    // large blocks and allocate their own (each child a new generation of the arena),
+    // while the parent's threads are still running.
+    let script = r#"
+import hashlib, multiprocessing as mp, threading
+def work(seed):
+    h = hashlib.sha256()
+    for i in range(6):
+        b = bytearray((seed * 7 + i) % 251 for _ in range(1000)) * (3000 + 1000 * i)
+        b += bytes(5 << 20)
+        h.update(b[::4097])
+        del b
+    return h.hexdigest()[:16]
+kept = bytes(range(256)) * (64 << 12)
+results = {}
+def run(seed):
+    results[seed] = work(seed)
+ts = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+for t in ts: t.start()
+with mp.get_context("fork").Pool(3) as pool:
+    pooled = pool.map(work, range(4, 10))
+for t in ts: t.join()
+print(sorted(results.items()))
+print(pooled)
+print(len(kept), hashlib.sha256(kept).hexdigest()[:16])
+"#;
+    let make = move || {
+        let mut c = Command::new(&python);
+        c.args(["-c", script]);
+        c
+    };
+    let ours = same_output(&make);
+    let out = String::from_utf8_lossy(&ours.stdout);
+    assert_eq!(out.lines().count(), 3, "{out}");
+    // The parent's kept 16 MiB and its threads' buffers at least; the workers report too.
+    assert_served(&ours, 5);
 }

@@ -138,6 +138,35 @@ impl ClaimMap {
         }
     }
 
+    /// The level-1 word and bits of pages `[first, end)` when they are whole groups of
+    /// one level-1 word (a naturally aligned block of 64 to 4096 pages, a 2 MiB block
+    /// among them): the claims [`ClaimMap::try_claim_groups`] takes together.
+    #[inline]
+    pub(crate) fn whole_groups(first: usize, end: usize) -> Option<(usize, u64)> {
+        match single_piece(first, end)? {
+            Piece::Groups { word, mask } => Some((word, mask)),
+            Piece::Pages { .. } => None,
+        }
+    }
+
+    /// Claims groups `mask` of level-1 word `word` at once: several claims' bits, each
+    /// found by [`ClaimMap::whole_groups`], in one compare-and-swap. The check of the
+    /// other level reads every group from the lowest bit to the highest, the gaps between
+    /// the claims' groups too, so a partial claim in a gap fails them all: they are then
+    /// retried one by one. Same argument as one claim (the module docs): the set bits are
+    /// one claim of the union, and each claim's own release clears only its own.
+    #[inline]
+    pub(crate) fn try_claim_groups(&self, word: usize, mask: u64) -> Result<(), usize> {
+        self.take(Piece::Groups { word, mask })
+    }
+
+    /// Releases groups `mask` of level-1 word `word` at once (the groups of several
+    /// claims, each claimed whole).
+    #[inline]
+    pub(crate) fn release_groups(&self, word: usize, mask: u64) {
+        self.give(Piece::Groups { word, mask });
+    }
+
     /// Sets the bits of `piece` (none may be set), then checks the other level.
     #[inline]
     fn take(&self, piece: Piece) -> Result<(), usize> {

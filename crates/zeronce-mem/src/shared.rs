@@ -25,6 +25,8 @@ use crate::ram::{bytes_are_zero, touch_for_write, BackingKind, GuestRam};
 use crate::resident::ResidentError;
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 
+mod each;
+
 /// Why a range could not be claimed.
 #[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ClaimError {

@@ -82,6 +82,10 @@ impl Keep for Claimed {
     fn take_claim(&mut self) -> (Block, ClaimedBytes) {
         (self.alloc.block(), std::mem::take(&mut self.bytes))
     }
+    fn refill(&mut self, alloc: Allocation, bytes: ClaimedBytes) {
+        self.alloc = AllocWords::new(&alloc);
+        self.bytes = bytes;
+    }
 }
 
 /// What a [`PageBlock`] holds of its owner: it keeps the owner alive and has the owner's

@@ -4,7 +4,7 @@
 //! counted up and down per block), and every method takes the RAM it was claimed from.
 
 use zeronce_mem::{ClaimError, DiscardError, DiscardOp, RamClaim, SharedRam, ZeroGuarantee};
-use zeronce_mm::{Order, Pfn};
+use zeronce_mm::{Block, Order, Pfn};
 
 /// The claimed bytes of a block; empty once released.
 #[derive(Debug, Default)]
@@ -15,6 +15,32 @@ impl ClaimedBytes {
     pub(crate) fn claim(ram: &SharedRam, pfn: Pfn, order: Order) -> Result<Self, ClaimError> {
         ram.claim_bare(pfn.byte_offset() as usize, order.bytes() as usize)
             .map(|c| ClaimedBytes(Some(c)))
+    }
+
+    /// Claims the bytes of each of `blocks` and calls `each` with the block's index and
+    /// its bytes or error, in index order: neighbouring 2 MiB blocks of one 16
+    /// MiB-aligned stretch with one atomic step ([`SharedRam::claim_bare_each`]).
+    pub(crate) fn claim_each(
+        ram: &SharedRam,
+        blocks: &[Block],
+        mut each: impl FnMut(usize, Result<Self, ClaimError>),
+    ) {
+        const BATCH: usize = 8;
+        for (n, part) in blocks.chunks(BATCH).enumerate() {
+            let mut ranges = [(0, 0); BATCH];
+            for (r, b) in ranges.iter_mut().zip(part) {
+                *r = (b.pfn.byte_offset() as usize, b.order.bytes() as usize);
+            }
+            ram.claim_bare_each(&ranges[..part.len()], |k, c| {
+                each(n * BATCH + k, c.map(|c| ClaimedBytes(Some(c))));
+            });
+        }
+    }
+
+    /// Ends the claims of `bytes` together, as [`ClaimedBytes::release`] of each would
+    /// ([`SharedRam::release_each`]); the ones already released are skipped.
+    pub(crate) fn release_each(ram: &SharedRam, bytes: &mut [ClaimedBytes]) {
+        ram.release_each(bytes.iter_mut().filter_map(|b| b.0.take()));
     }
 
     /// Whether the bytes are still claimed (not released).

@@ -47,6 +47,11 @@
 //! The other way, a dirty huge allocation that finds none kept takes up to as many
 //! resident dirty blocks from the manager under one zone lock as its slot has room for
 //! beside the one it returns, and keeps those ([`refill`], Linux's `rmqueue_bulk`).
+//! Both change their blocks' chunk states and byte claims together (one atomic step for
+//! the 2 MiB blocks of one 16 MiB-aligned stretch), and a drained entry stays on its slot
+//! as a *husk* (claim taken out, owner reference kept; never a block, taken only by its
+//! owner's refill, at most as many as the list keeps), so the blocks a refill takes move
+//! into husks with no owner reference counted up or down.
 //!
 //! **The way back.** Every allocated block reaches the manager through one function,
 //! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going
@@ -59,7 +64,7 @@
 //! **Closing.** Kept entries hold references to their owner, so the owner closes when its
 //! last handle goes ([`ThreadCaches::close`]): every kept block goes back and none is kept
 //! again (checked under the slot's guard: closing sets the flag, then empties every
-//! slot). Closing and the reporting thread's give-back are serialized, so the reporting
+//! slot of its kept blocks and its husks). Closing and the reporting thread's give-back are serialized, so the reporting
 //! thread never drops the last reference (which would join it from itself).
 
 use std::marker::PhantomData;
@@ -101,8 +106,10 @@ pub(crate) trait Keep: Send + Sized + 'static {
     fn reuse(&mut self);
     /// The block and its claimed bytes, on their way back to the manager.
     fn into_claim(self) -> (Block, ClaimedBytes);
-    /// The block and its claimed bytes, taken out (the owner reference stays).
+    /// The block and its claimed bytes, taken out (the owner reference stays: a husk).
     fn take_claim(&mut self) -> (Block, ClaimedBytes);
+    /// A husk carries a new block: `alloc`, its claimed `bytes`.
+    fn refill(&mut self, alloc: Allocation, bytes: ClaimedBytes);
 }
 
 /// Where [`ThreadCaches::give_back`] sends a block.
@@ -322,30 +329,38 @@ impl<E: Keep> ThreadCaches<E> {
     }
 
     /// Takes every kept entry of this owner out of every slot (waiting for each slot's
-    /// holder) and gives it back to the manager.
+    /// holder) and gives it back to the manager; its husks go too.
     fn give_back_all_kept(&self) {
-        let mut out = Vec::new();
+        let (mut out, mut spent) = (Vec::new(), Vec::new());
         for slot in 0..self.counters.slots() {
             let mut guard = SlotGuard::wait(E::slots(), slot);
             for list in 0..LISTS {
-                let before = out.len();
-                let entries = guard.list(list);
-                let mut k = 0;
-                while k < entries.len() {
-                    if std::ptr::eq(entries[k].caches(), self) {
-                        out.push(entries.remove(k));
-                    } else {
-                        k += 1;
-                    }
-                }
-                let n = (out.len() - before) as u64;
-                self.counters.count_given_back(&guard, list, n);
+                let n = self.take_mine(guard.list(list), &mut out);
+                self.counters.count_given_back(&guard, list, n as u64);
             }
             self.counters.reset_huge_extra(&guard);
+            self.take_mine(guard.husks(), &mut spent);
         }
         for entry in out {
             self.give_back_kept(entry);
         }
+        // Husks hold no block: their owner references go, outside the slots.
+        drop(spent);
+    }
+
+    /// Moves this owner's entries of `entries` to `out`, the others staying in order; how
+    /// many.
+    fn take_mine(&self, entries: &mut Vec<E>, out: &mut Vec<E>) -> usize {
+        let before = out.len();
+        let mut k = 0;
+        while k < entries.len() {
+            if std::ptr::eq(entries[k].caches(), self) {
+                out.push(entries.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        out.len() - before
     }
 
     /// Gives a kept block back to the manager as if its owner freed it now.

@@ -386,3 +386,44 @@ fn blocks_taken_ahead_into_a_kept_list_are_reported_after_the_delay() {
     });
     assert!(inside(&pm, &held));
 }
+
+#[test]
+fn husks_of_blocks_given_back_carry_the_next_ones_and_go_with_the_owner() {
+    // A full huge list gives its oldest blocks back in batches and keeps their entries
+    // (owner reference and all) as husks; the next allocations past the kept blocks take
+    // their blocks in those husks. A husk is never a block: no block is handed out twice,
+    // each one's bytes are its holder's, and the owner's memory goes with its last handle.
+    let pm = plain();
+    let ram: Weak<SharedRam> = Arc::downgrade(pm.ram());
+    let n = most_huge_kept() + 24;
+    for round in 0..3u8 {
+        let mut blocks: Vec<_> = (0..n).map(|_| pm.alloc(order(9)).unwrap()).collect();
+        for (i, b) in blocks.iter_mut().enumerate() {
+            b.as_mut_slice()[4096] = round ^ i as u8;
+        }
+        let mut pfns: Vec<_> = blocks.iter().map(|b| b.block().pfn).collect();
+        pfns.sort();
+        pfns.dedup();
+        assert_eq!(pfns.len(), n, "round {round}: a block handed out twice");
+        for (i, b) in blocks.iter().enumerate() {
+            assert_eq!(
+                b.as_slice()[4096],
+                round ^ i as u8,
+                "round {round}, block {i}"
+            );
+        }
+        drop(blocks);
+    }
+    let s = pm.stats().mm;
+    assert_eq!((s.allocs[9], s.frees[9]), (3 * n as u64, 3 * n as u64));
+    assert_eq!(s.allocated_pages, 0);
+    pm.manager().check_invariants().unwrap();
+    // Husks are left on the slot after that drain's refills; they must not keep the owner.
+    let blocks: Vec<_> = (0..n).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    drop(blocks);
+    drop(pm);
+    assert!(
+        ram.upgrade().is_none(),
+        "husks kept the memory alive after the last handle"
+    );
+}

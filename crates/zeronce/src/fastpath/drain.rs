@@ -40,17 +40,22 @@ impl<E: Keep> ThreadCaches<E> {
         // order and was read back across its stores, a store-forwarding stall a block).
         let mut blocks = [Block::new(Pfn(0), Order::ZERO); HUGE_DRAIN];
         let mut bytes: [ClaimedBytes; HUGE_DRAIN] = Default::default();
-        // One drained entry holds the owner until the blocks are back. The others' owner
-        // references go now: not the last ones, as the owner's handles hold theirs until
-        // its close has taken this slot.
+        // One drained entry holds the owner until the blocks are back. The others stay as
+        // husks, their owner references kept for the next blocks taken together (a
+        // reference counted down here and up again there is two locked instructions a
+        // block); past as many husks as the list keeps blocks they go now: not the last ones, as the owner's
+        // handles hold theirs until its close has taken this slot.
         let mut holder: Option<E> = None;
-        for ((block, b), mut e) in blocks
-            .iter_mut()
-            .zip(&mut bytes)
-            .zip(guard.list(list).drain(..n))
-        {
+        // As many husks as blocks a refill of the list may take.
+        let most_husks = limit;
+        let (kept, husks) = guard.list_and_husks(list);
+        for ((block, b), mut e) in blocks.iter_mut().zip(&mut bytes).zip(kept.drain(..n)) {
             (*block, *b) = e.take_claim();
-            holder.get_or_insert(e);
+            if holder.is_none() {
+                holder = Some(e);
+            } else if husks.len() < most_husks {
+                husks.push(e);
+            }
         }
         caches.counters.count_given_back(&guard, list, n as u64);
         caches.counters.count_keep(&guard, list, list_order(list));
@@ -68,16 +73,16 @@ impl<E: Keep> ThreadCaches<E> {
 
     /// Gives kept blocks taken out of their lists (`blocks`, each with its claimed
     /// `bytes`, all this owner's) back to the manager as if their owner freed them now,
-    /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk.
+    /// under one zone lock: [`ThreadCaches::give_back`]'s steps, in bulk (the chunk states
+    /// and the claims of the blocks of one 16 MiB-aligned stretch change with one atomic
+    /// step each).
     fn give_back_claims(&self, blocks: &[Block], bytes: &mut [ClaimedBytes]) {
         let life = self.life();
-        for (block, b) in blocks.iter().zip(bytes) {
-            if let Some(l) = life {
-                l.map.freed(*block, block.order.pages());
-            }
-            // The claim goes before the manager may touch the block.
-            b.release(&self.ram);
+        if let Some(l) = life {
+            l.map.freed_each(blocks);
         }
+        // The claims go before the manager may touch the blocks.
+        ClaimedBytes::release_each(&self.ram, bytes);
         let mut failed = Vec::new();
         self.mm.free_each(blocks, FreeHint::Dirty, |block, e| {
             tracing::error!(%e, %block, "giving a kept block back failed");

@@ -8,6 +8,7 @@ use zeronce_mm::{Allocation, Block, FreeHint, FreeState, Order, Pfn, Zeroing, Zo
 use super::slots::{SlotGuard, HUGE_LIST};
 use super::{Keep, ThreadCaches};
 use crate::claimed::ClaimedBytes;
+use zeronce_mem::ClaimError;
 
 /// Most huge blocks taken from the manager together (the allocation's and the ones
 /// kept); as many as a full list gives back together.
@@ -17,7 +18,8 @@ impl<E: Keep> ThreadCaches<E> {
     /// A dirty allocation of a huge block (`order`) that found none kept: takes up to
     /// [`HUGE_REFILL`] resident dirty blocks from the manager under one zone lock, as many
     /// as the calling thread's slot has room to keep beside the one returned, hands out
-    /// and claims each, builds each entry with `wrap`, keeps all but one on the slot and
+    /// and claims them together (one atomic step each for the blocks of one 16
+    /// MiB-aligned stretch), builds each entry with `wrap`, keeps all but one on the slot and
     /// returns that one. `None` (nothing taken) when the slot is busy or has no room, the
     /// owner is closed, or the manager has no resident dirty block: the caller allocates
     /// the usual way.
@@ -51,20 +53,40 @@ impl<E: Keep> ThreadCaches<E> {
         let mut allocs = [none; HUGE_REFILL];
         let want = (room + 1).min(HUGE_REFILL);
         let taken = self.mm.alloc_resident_dirty(order, &mut allocs[..want]);
+        let allocs = &allocs[..taken];
+        let mut blocks = [none.block; HUGE_REFILL];
+        for (b, a) in blocks.iter_mut().zip(allocs) {
+            *b = a.block;
+        }
+        let blocks = &blocks[..taken];
+        // Handed out in the zero map before a byte is claimed, as one block's hand-out.
+        if let Some(l) = self.life() {
+            l.map.handed_out_each(blocks);
+        }
         let mut first = None;
         let mut kept = 0u64;
-        for &alloc in &allocs[..taken] {
-            let Some(bytes) = self.hand_out(alloc.block) else {
-                continue;
-            };
-            let entry = wrap(alloc, bytes);
-            if first.is_none() {
-                first = Some(entry);
-            } else {
-                guard.list(HUGE_LIST).push(entry);
-                kept += 1;
+        ClaimedBytes::claim_each(&self.ram, blocks, |k, claimed| match claimed {
+            Ok(bytes) => {
+                // A husk of this owner's carries it if the slot has one (no reference
+                // counted up), else a new entry.
+                let husks = guard.husks();
+                let mine = husks.last().is_some_and(|h| std::ptr::eq(h.caches(), self));
+                let entry = match mine.then(|| husks.pop()).flatten() {
+                    Some(mut husk) => {
+                        husk.refill(allocs[k], bytes);
+                        husk
+                    }
+                    None => wrap(allocs[k], bytes),
+                };
+                if first.is_none() {
+                    first = Some(entry);
+                } else {
+                    guard.list(HUGE_LIST).push(entry);
+                    kept += 1;
+                }
             }
-        }
+            Err(e) => self.unclaimable(blocks[k], e),
+        });
         if kept > 0 {
             self.counters.count_refill(&guard, HUGE_LIST, kept);
             drop(guard);
@@ -73,24 +95,16 @@ impl<E: Keep> ThreadCaches<E> {
         first
     }
 
-    /// Hands out `block`, just allocated dirty: its chunks become `Used` and its bytes
-    /// are claimed. `None` (the block freed back, the bug logged) if the claim fails.
-    fn hand_out(&self, block: Block) -> Option<ClaimedBytes> {
+    /// `block`, taken and handed out, could not be claimed (a bug: the manager had it
+    /// free): freed back dirty, the bug logged.
+    #[cold]
+    fn unclaimable(&self, block: Block, e: ClaimError) {
+        tracing::error!(%e, %block, "claiming a block taken for a kept list failed");
         if let Some(l) = self.life() {
-            l.map.handed_out(block);
+            l.map.freed(block, block.order.pages());
         }
-        match ClaimedBytes::claim(&self.ram, block.pfn, block.order) {
-            Ok(bytes) => Some(bytes),
-            Err(e) => {
-                tracing::error!(%e, %block, "claiming a block taken for a kept list failed");
-                if let Some(l) = self.life() {
-                    l.map.freed(block, block.order.pages());
-                }
-                if let Err(e) = self.mm.free(block, FreeHint::Dirty) {
-                    tracing::error!(%e, %block, "giving back an unclaimed block failed");
-                }
-                None
-            }
+        if let Err(e) = self.mm.free(block, FreeHint::Dirty) {
+            tracing::error!(%e, %block, "giving back an unclaimed block failed");
         }
     }
 }

@@ -43,8 +43,14 @@ pub(super) fn list_order(list: usize) -> Order {
     }
 }
 
-/// The kept lists of one slot.
-type Lists<E> = [Vec<E>; LISTS];
+/// The kept lists of one slot, and its husks.
+struct Lists<E> {
+    kept: [Vec<E>; LISTS],
+    /// Entries of huge blocks that went back to the manager, their claims taken out,
+    /// whose owner references carry the next blocks taken together (see [`super::drain`]),
+    /// most recent last; an entry is taken only by its own owner, never as a block.
+    husks: Vec<E>,
+}
 
 /// Every slot's kept lists (a `static` per entry type; see [`super`]'s docs).
 pub(crate) struct Slots<E>([Padded<TryLock<Lists<E>>>; NUMBERS]);
@@ -52,7 +58,14 @@ pub(crate) struct Slots<E>([Padded<TryLock<Lists<E>>>; NUMBERS]);
 impl<E> Slots<E> {
     /// Empty lists.
     pub(crate) const fn new() -> Self {
-        Slots([const { Padded(TryLock::new([const { Vec::new() }; LISTS])) }; NUMBERS])
+        Slots(
+            [const {
+                Padded(TryLock::new(Lists {
+                    kept: [const { Vec::new() }; LISTS],
+                    husks: Vec::new(),
+                }))
+            }; NUMBERS],
+        )
     }
 }
 
@@ -84,7 +97,20 @@ impl<E> SlotGuard<E> {
     /// The slot's kept list `list`.
     #[inline]
     pub(super) fn list(&mut self, list: usize) -> &mut Vec<E> {
-        &mut self.lists[list]
+        &mut self.lists.kept[list]
+    }
+
+    /// The slot's husks.
+    #[inline]
+    pub(super) fn husks(&mut self) -> &mut Vec<E> {
+        &mut self.lists.husks
+    }
+
+    /// The slot's kept list `list` and its husks, together.
+    #[inline]
+    pub(super) fn list_and_husks(&mut self, list: usize) -> (&mut Vec<E>, &mut Vec<E>) {
+        let lists = &mut *self.lists;
+        (&mut lists.kept[list], &mut lists.husks)
     }
 }
 

@@ -4,6 +4,7 @@
 //! [`Lifecycle`] every free and allocation of process mode goes through.
 
 pub(crate) mod background;
+mod chunks;
 mod written;
 mod zeroer;
 pub(crate) mod zeromap;

@@ -19,10 +19,11 @@
 //!   the old state back if the check failed). An allocation that took the block after the
 //!   check waits for `Zeroing` to end before the caller can see a byte.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
 use zeronce_mm::{Block, Order, PageRange, Pfn};
 
+use super::chunks::ChunkStates;
 use super::written::WrittenPages;
 use crate::threads::PerThread;
 
@@ -69,7 +70,7 @@ struct Counters {
 /// Chunk states of one RAM (see the module docs).
 pub struct ZeroMap {
     chunk_order: Order,
-    chunks: Vec<AtomicU8>,
+    chunks: ChunkStates,
     written: WrittenPages,
     counters: Counters,
 }
@@ -98,7 +99,7 @@ impl ZeroMap {
         let init = if zero { ZERO } else { DIRTY };
         ZeroMap {
             chunk_order,
-            chunks: (0..n).map(|_| AtomicU8::new(init)).collect(),
+            chunks: ChunkStates::new(n, init),
             written: WrittenPages::new(pages, !zero),
             counters: Counters {
                 background: AtomicU64::new(0),
@@ -137,21 +138,7 @@ impl ZeroMap {
 
     /// Waits out a zeroer on chunk `i` and swaps in `new`; the previous state.
     fn set(&self, i: usize, new: u8) -> u8 {
-        let c = &self.chunks[i];
-        loop {
-            let cur = c.load(Acquire);
-            if cur == ZEROING {
-                std::thread::yield_now();
-                continue;
-            }
-            if cur == new {
-                // Small blocks of a chunk in use: no write, so no cache-line transfer.
-                return cur;
-            }
-            if c.compare_exchange(cur, new, AcqRel, Acquire).is_ok() {
-                return cur;
-            }
-        }
+        self.chunks.set(i, new, ZEROING)
     }
 
     /// A block was handed out: its chunks become `Used` (after any zeroer on them ended),
@@ -177,6 +164,25 @@ impl ZeroMap {
         let range = block.range();
         self.written
             .mark(PageRange::new(range.start, written.min(range.pages)), true);
+    }
+
+    /// [`ZeroMap::handed_out`] of each of `blocks` (handed out together): the chunks of
+    /// blocks no larger than a chunk become `Used` with one compare-and-swap per word of
+    /// chunk states (the blocks of one 16 MiB-aligned stretch), the others one by one.
+    pub(crate) fn handed_out_each(&self, blocks: &[Block]) {
+        let single = |b: &&Block| b.order <= self.chunk_order;
+        let chunks = blocks
+            .iter()
+            .filter(single)
+            .filter_map(|&b| self.chunk_of(b));
+        self.chunks.set_each(chunks.map(|i| (i, USED)), ZEROING);
+        for &block in blocks {
+            if block.order > self.chunk_order {
+                self.handed_out(block);
+            } else {
+                self.written.mark(block.range(), true);
+            }
+        }
     }
 
     /// The holder of a block handed out with [`ZeroMap::handed_out_prefix`] writes the
@@ -239,10 +245,27 @@ impl ZeroMap {
         }
     }
 
+    /// [`ZeroMap::freed`] of each of `blocks`, freed dirty together (no page vouched
+    /// for): the chunks of the blocks of one chunk change with one compare-and-swap per
+    /// word of chunk states, the others one by one.
+    pub(crate) fn freed_each(&self, blocks: &[Block]) {
+        let whole = |b: &&Block| b.order == self.chunk_order;
+        let chunks = blocks.iter().filter(whole).filter_map(|&b| {
+            let zero = !self.written.any_written(b.range());
+            Some((self.chunk_of(b)?, if zero { ZERO } else { DIRTY }))
+        });
+        self.chunks.set_each(chunks, ZEROING);
+        for &block in blocks {
+            if block.order > self.chunk_order {
+                self.freed(block, block.order.pages());
+            }
+        }
+    }
+
     /// Waits until no zeroer writes any chunk of `range` (a discard is about to claim it).
     pub(crate) fn wait_no_zeroing(&self, range: PageRange) {
         for i in self.overlapping(range) {
-            while self.chunks[i].load(Acquire) == ZEROING {
+            while self.chunks.get(i, Acquire) == ZEROING {
                 std::thread::yield_now();
             }
         }
@@ -250,14 +273,12 @@ impl ZeroMap {
 
     /// Whether chunk `i` is `Dirty` (a candidate for the background zeroer).
     pub(crate) fn is_dirty(&self, i: usize) -> bool {
-        self.chunks[i].load(Relaxed) == DIRTY
+        self.chunks.get(i, Relaxed) == DIRTY
     }
 
     /// Locks a `Dirty` chunk for zeroing; `false` if it is not `Dirty` (any more).
     pub(crate) fn begin_zeroing(&self, i: usize) -> bool {
-        self.chunks[i]
-            .compare_exchange(DIRTY, ZEROING, AcqRel, Relaxed)
-            .is_ok()
+        self.chunks.replace(i, DIRTY, ZEROING)
     }
 
     /// Ends the zeroing of chunk `i`: `done` → `Zero`, else back to `Dirty`.
@@ -265,13 +286,17 @@ impl ZeroMap {
         if done {
             self.zeroed(self.chunk_range(i));
         }
-        self.chunks[i].store(if done { ZERO } else { DIRTY }, Release);
+        // Only the zeroer that set `Zeroing` changes it: the swap cannot fail.
+        let ended = self
+            .chunks
+            .replace(i, ZEROING, if done { ZERO } else { DIRTY });
+        debug_assert!(ended, "chunk {i} was not being zeroed");
     }
 
     /// Whether every chunk of `range` reads zero (`range` covers whole chunks).
     pub(crate) fn all_zero(&self, range: PageRange) -> bool {
         self.overlapping(range)
-            .all(|i| self.chunks[i].load(Acquire) == ZERO)
+            .all(|i| self.chunks.get(i, Acquire) == ZERO)
     }
 
     /// Counts `bytes` zeroed at `site`.
@@ -309,5 +334,71 @@ impl ZeroMap {
     /// Indices of the chunks overlapping `range`, for the allocation-path zeroer.
     pub(crate) fn chunks_of(&self, range: PageRange) -> std::ops::Range<usize> {
         self.overlapping(range)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Every chunk's state and every page's written bit.
+    fn snapshot(m: &ZeroMap, pages: u64) -> (Vec<u8>, Vec<bool>) {
+        let chunks = (0..m.len()).map(|i| m.chunks.get(i, Acquire)).collect();
+        let written = (0..pages)
+            .map(|p| m.written.any_written(PageRange::new(Pfn(p), 1)))
+            .collect();
+        (chunks, written)
+    }
+
+    /// Distinct naturally aligned blocks of orders 0, 3, 9 and 10 in 64 MiB, from seeds.
+    fn blocks(seeds: &[(u8, u16)]) -> Vec<Block> {
+        let mut taken = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for &(o, at) in seeds {
+            let order = Order::new([0, 3, 9, 10][o as usize % 4]).unwrap();
+            let pfn = (u64::from(at) % (PAGES >> order.get())) << order.get();
+            let range = pfn..pfn + order.pages();
+            if range.clone().all(|p| !taken.contains(&p)) {
+                taken.extend(range);
+                out.push(Block::new(Pfn(pfn), order));
+            }
+        }
+        out
+    }
+
+    const PAGES: u64 = 16384;
+
+    proptest! {
+        /// A batch hand-out or free leaves the map as the same blocks one by one do.
+        #[test]
+        fn batches_are_their_blocks_one_by_one(
+            seeds in proptest::collection::vec((0u8..4, any::<u16>()), 1..24),
+            written in proptest::collection::vec(any::<u16>(), 0..8),
+            zero in any::<bool>(),
+        ) {
+            let order9 = Order::new(9).unwrap();
+            let (bulk, single) = (ZeroMap::new(PAGES, order9, zero), ZeroMap::new(PAGES, order9, zero));
+            let blocks = blocks(&seeds);
+            bulk.handed_out_each(&blocks);
+            for &b in &blocks {
+                single.handed_out(b);
+            }
+            prop_assert_eq!(snapshot(&bulk, PAGES), snapshot(&single, PAGES));
+            // Some blocks zeroed by their holders, so some free to `Zero`.
+            for (k, &w) in written.iter().enumerate() {
+                if let Some(b) = blocks.get(usize::from(w) % blocks.len().max(1)) {
+                    if k % 2 == 0 {
+                        bulk.zeroed(b.range());
+                        single.zeroed(b.range());
+                    }
+                }
+            }
+            bulk.freed_each(&blocks);
+            for &b in &blocks {
+                single.freed(b, b.order.pages());
+            }
+            prop_assert_eq!(snapshot(&bulk, PAGES), snapshot(&single, PAGES));
+        }
     }
 }

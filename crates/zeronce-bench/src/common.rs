@@ -7,8 +7,9 @@ use clap::Args;
 /// Options every benchmark takes.
 #[derive(Args, Clone, Copy, Debug)]
 pub struct Common {
-    /// Smaller default sizes and fewer runs: finishes in under 20 s. Flags given
-    /// explicitly still win; the banner says what was used.
+    /// Smaller default sizes and fewer runs: a quick look, not a headline (the README says
+    /// how long each bench takes with it). Flags given explicitly still win; the table's
+    /// first line (or the JSON) says what was used.
     #[arg(long)]
     pub quick: bool,
     /// Print one JSON object on stdout instead of a table.

@@ -156,6 +156,10 @@ pub fn cpu() -> Value {
 /// figure in `figures`, each contender's warm median, its cold count and every sample.
 pub fn print_table(steps: &Value, figures: &[(&str, &str)]) {
     crate::println!(
+        "(cold: samples judged cold by their own page faults and CPU, out of all; the warm \
+         median leaves them out)"
+    );
+    crate::println!(
         "{:<14} {:<26} {:>12} {:>6}  {}",
         "step",
         "contender",

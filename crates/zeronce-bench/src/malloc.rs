@@ -396,6 +396,15 @@ pub fn run(a: &MallocArgs) -> BenchResult {
         crate::println!("{report}");
         return Ok(());
     }
+    let per_round: Vec<String> = steps
+        .iter()
+        .map(|s| format!("{} {}", s.name, s.per_round))
+        .collect();
+    crate::println!(
+        "bench malloc{}: {samples} round(s), contenders rotated each round; samples a round: {}",
+        if a.common.quick { " (--quick)" } else { "" },
+        per_round.join(", ")
+    );
     for c in &contenders {
         crate::println!("{:<9} {}", c.name, c.underneath);
     }

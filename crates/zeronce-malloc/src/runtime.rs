@@ -40,6 +40,9 @@ pub struct Runtime {
 struct Counters {
     large_allocs: AtomicU64,
     large_bytes: AtomicU64,
+    /// `realloc`s that grew a zeronce block in place, and the bytes they added.
+    large_grows: AtomicU64,
+    grown_bytes: AtomicU64,
     /// Sizes from the threshold up that zeronce declined (too large or too aligned, a
     /// `fork` child, zeronce's own threads): mimalloc served them.
     declined_allocs: AtomicU64,
@@ -228,7 +231,15 @@ impl Runtime {
         let Some(backend) = self.owner(addr) else {
             return false;
         };
-        in_backend(|| backend.grow(addr, size)).is_some_and(|g| g.len() >= size)
+        let before = self.large_usable(addr).unwrap_or(size);
+        let grown = in_backend(|| backend.grow(addr, size)).is_some_and(|g| g.len() >= size);
+        if grown && size > before {
+            self.counters.large_grows.fetch_add(1, Relaxed);
+            self.counters
+                .grown_bytes
+                .fetch_add((size - before) as u64, Relaxed);
+        }
+        grown
     }
 
     /// Gives back now the memory zeronce holds and no allocation uses (see
@@ -257,9 +268,11 @@ impl Runtime {
             "not counted (ZERONCE_SHOW_STATS=1 counts them)".to_string()
         };
         let mut out = format!(
-            "zeronce: large (zeronce) {} in {} allocations; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {small}\n",
+            "zeronce: large (zeronce) {} in {} allocations, {} more in {} reallocs grown in place; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {small}\n",
             bytes(c.large_bytes.load(Relaxed)),
             c.large_allocs.load(Relaxed),
+            bytes(c.grown_bytes.load(Relaxed)),
+            c.large_grows.load(Relaxed),
             bytes(c.declined_bytes.load(Relaxed)),
             c.declined_allocs.load(Relaxed),
         );

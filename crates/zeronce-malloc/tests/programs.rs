@@ -17,7 +17,24 @@ use std::process::Command;
 #[test]
 fn a_c_program_of_large_and_small_blocks_and_threads_prints_the_same() {
     // 8 callocs, the realloc chain, 4 threads x 60 blocks.
-    prints_the_same("large.c", 8 + 240);
+    let exe = compile(&workdir("large"), "large.c", &[]);
+    let out = same_output(&program(&exe, &[]));
+    assert_served(&out, 8 + 240);
+    // The chain 3 -> 4 -> ... -> 64 MiB in a fresh arena grows in place where the buddies
+    // are free, and the report counts what those grows added.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("zeronce: large (zeronce) "))
+        .unwrap_or_else(|| panic!("no report: {stderr}"));
+    let grows: u64 = line
+        .split(" reallocs grown in place")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no grows in the report: {line}"));
+    assert!(grows >= 1, "no realloc grew in place: {line}");
+    assert!(!line.contains(", 0 B more"), "grows added nothing: {line}");
 }
 
 #[test]

@@ -51,7 +51,7 @@ impl ChunkStates {
         self.len
     }
 
-    /// Chunk `i`'s state (`Acquire`, or `Relaxed` with `ordering`).
+    /// Chunk `i`'s state, its word loaded with `ordering`.
     #[inline]
     pub(crate) fn get(&self, i: usize, ordering: std::sync::atomic::Ordering) -> u8 {
         let (w, shift) = lane(i);

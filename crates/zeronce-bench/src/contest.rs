@@ -156,8 +156,8 @@ pub fn cpu() -> Value {
 /// figure in `figures`, each contender's warm median, its cold count and every sample.
 pub fn print_table(steps: &Value, figures: &[(&str, &str)]) {
     crate::println!(
-        "(cold: samples judged cold by their own page faults and CPU, out of all; the warm \
-         median leaves them out)"
+        "(cold: samples that their own page faults and CPU time mark as cold refaults, out \
+         of all, in the steps judged so; the warm median leaves them out)"
     );
     crate::println!(
         "{:<14} {:<26} {:>12} {:>6}  {}",

@@ -64,8 +64,9 @@
 //! **Closing.** Kept entries hold references to their owner, so the owner closes when its
 //! last handle goes ([`ThreadCaches::close`]): every kept block goes back and none is kept
 //! again (checked under the slot's guard: closing sets the flag, then empties every
-//! slot of its kept blocks and its husks). Closing and the reporting thread's give-back are serialized, so the reporting
-//! thread never drops the last reference (which would join it from itself).
+//! slot of its kept blocks and its husks). Closing and the reporting thread's give-back
+//! are serialized, so the reporting thread never drops the last reference (which would
+//! join it from itself).
 
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering::*};

@@ -43,10 +43,10 @@ impl<E: Keep> ThreadCaches<E> {
         // One drained entry holds the owner until the blocks are back. The others stay as
         // husks, their owner references kept for the next blocks taken together (a
         // reference counted down here and up again there is two locked instructions a
-        // block); past as many husks as the list keeps blocks they go now: not the last ones, as the owner's
-        // handles hold theirs until its close has taken this slot.
+        // block), up to as many husks as the list keeps blocks; past that they go now:
+        // not the last references, as the owner's handles hold theirs until its close
+        // has taken this slot.
         let mut holder: Option<E> = None;
-        // As many husks as blocks a refill of the list may take.
         let most_husks = limit;
         let (kept, husks) = guard.list_and_husks(list);
         for ((block, b), mut e) in blocks.iter_mut().zip(&mut bytes).zip(kept.drain(..n)) {

@@ -19,8 +19,8 @@ impl<E: Keep> ThreadCaches<E> {
     /// [`HUGE_REFILL`] resident dirty blocks from the manager under one zone lock, as many
     /// as the calling thread's slot has room to keep beside the one returned, hands out
     /// and claims them together (one atomic step each for the blocks of one 16
-    /// MiB-aligned stretch), builds each entry with `wrap`, keeps all but one on the slot and
-    /// returns that one. `None` (nothing taken) when the slot is busy or has no room, the
+    /// MiB-aligned stretch), builds each entry in a husk of this owner's or with `wrap`,
+    /// keeps all but one on the slot and returns that one. `None` (nothing taken) when the slot is busy or has no room, the
     /// owner is closed, or the manager has no resident dirty block: the caller allocates
     /// the usual way.
     ///

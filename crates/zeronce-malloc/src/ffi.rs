@@ -297,12 +297,12 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return or_enomem(null_mut());
     }
     if let Some(rt) = rt.filter(|rt| rt.owns(addr)) {
-        if large && rt.large_grow(addr, size) {
-            return p;
-        }
         let old = rt
             .large_usable(addr)
             .unwrap_or_else(|| bad_pointer("realloc", addr));
+        if large && rt.large_grow(addr, old, size) {
+            return p;
+        }
         // SAFETY: a live zeronce block of `old` usable bytes.
         return unsafe { moved(p, old, size, c_malloc(size)) };
     }

@@ -226,12 +226,12 @@ impl Runtime {
             .flatten()
     }
 
-    /// Grows (or shrinks) the zeronce block at `addr` in place to at least `size` bytes.
-    pub fn large_grow(&self, addr: usize, size: usize) -> bool {
+    /// Grows (or shrinks) the zeronce block at `addr`, of `before` usable bytes, in place
+    /// to at least `size` bytes.
+    pub fn large_grow(&self, addr: usize, before: usize, size: usize) -> bool {
         let Some(backend) = self.owner(addr) else {
             return false;
         };
-        let before = self.large_usable(addr).unwrap_or(size);
         let grown = in_backend(|| backend.grow(addr, size)).is_some_and(|g| g.len() >= size);
         if grown && size > before {
             self.counters.large_grows.fetch_add(1, Relaxed);

@@ -260,10 +260,17 @@ impl<E: Keep> ThreadCaches<E> {
     /// `owner`'s.
     #[inline]
     fn pop_mine_from(guard: &mut SlotGuard<E>, list: usize, owner: &Self) -> Option<E> {
-        if !std::ptr::eq(guard.list(list).last()?.caches(), owner) {
+        owner.pop_mine_of(guard.list(list))
+    }
+
+    /// Pops the most recent entry of `entries` (a kept list or the husks) if it is this
+    /// owner's.
+    #[inline]
+    fn pop_mine_of(&self, entries: &mut Vec<E>) -> Option<E> {
+        if !std::ptr::eq(entries.last()?.caches(), self) {
             return None;
         }
-        guard.list(list).pop()
+        entries.pop()
     }
 
     /// Whether blocks of `order` may be kept (and so go to a next holder with no map

@@ -47,13 +47,12 @@ impl<E: Keep> ThreadCaches<E> {
         // not the last references, as the owner's handles hold theirs until its close
         // has taken this slot.
         let mut holder: Option<E> = None;
-        let most_husks = limit;
         let (kept, husks) = guard.list_and_husks(list);
         for ((block, b), mut e) in blocks.iter_mut().zip(&mut bytes).zip(kept.drain(..n)) {
             (*block, *b) = e.take_claim();
             if holder.is_none() {
                 holder = Some(e);
-            } else if husks.len() < most_husks {
+            } else if husks.len() < limit {
                 husks.push(e);
             }
         }

@@ -20,9 +20,9 @@ impl<E: Keep> ThreadCaches<E> {
     /// as the calling thread's slot has room to keep beside the one returned, hands out
     /// and claims them together (one atomic step each for the blocks of one 16
     /// MiB-aligned stretch), builds each entry in a husk of this owner's or with `wrap`,
-    /// keeps all but one on the slot and returns that one. `None` (nothing taken) when the slot is busy or has no room, the
-    /// owner is closed, or the manager has no resident dirty block: the caller allocates
-    /// the usual way.
+    /// keeps all but one on the slot and returns that one. `None` (nothing taken) when
+    /// the slot is busy or has no room, the owner is closed, or the manager has no
+    /// resident dirty block: the caller allocates the usual way.
     ///
     /// A kept block taken this way is what a freed one is (allocated, claimed, its chunks
     /// `Used`), counted so that the manager's allocation plus the kept list's later one
@@ -69,9 +69,7 @@ impl<E: Keep> ThreadCaches<E> {
             Ok(bytes) => {
                 // A husk of this owner's carries it if the slot has one (no reference
                 // counted up), else a new entry.
-                let husks = guard.husks();
-                let mine = husks.last().is_some_and(|h| std::ptr::eq(h.caches(), self));
-                let entry = match mine.then(|| husks.pop()).flatten() {
+                let entry = match self.pop_mine_of(guard.husks()) {
                     Some(mut husk) => {
                         husk.refill(allocs[k], bytes);
                         husk

@@ -1,6 +1,8 @@
 //! [`MemoryManager::free_each`] (many frees under one zone lock per zone) ends in exactly
 //! the state the same frees one by one end in: free lists and states, counters, errors,
-//! the zones told about reportable blocks.
+//! the zones told about reportable blocks; buddies side by side are among them. And
+//! [`MemoryManager::alloc_resident_dirty`] of many blocks takes what as many takes of one
+//! block take, whole blocks of a higher order among them.
 
 mod common;
 
@@ -13,15 +15,16 @@ use zeronce_mm::*;
 /// Pages of each of the two zones (the second one starts right after the first).
 const ZONE_PAGES: u64 = 64;
 
-/// A manager over two zones with max order 4 and reporting order 2, verify on, and the
-/// zones its notifier was called for.
+/// A manager over two zones with max order 5 (above [`PCP_MAX_ORDER`] + 1, so buddies of
+/// order 4 are freed as a pair) and reporting order 2, verify on, and the zones its
+/// notifier was called for.
 fn twin() -> (MemoryManager, Arc<Mutex<BTreeSet<usize>>>) {
     let z = FakeZeroer::new(2 * ZONE_PAGES, true);
     let mut cfg = MmConfig::new(vec![
         PageRange::new(Pfn(0), ZONE_PAGES),
         PageRange::new(Pfn(ZONE_PAGES), ZONE_PAGES),
     ]);
-    cfg.max_order = o(4);
+    cfg.max_order = o(5);
     cfg.reporting_order = o(2);
     cfg.verify = true;
     let mm = MemoryManager::new(cfg, Arc::new(z)).unwrap();
@@ -43,13 +46,17 @@ enum Entry {
     /// A block of `order` at `pfn` whatever it is (double, misaligned, outside, wrong
     /// order).
     Any { pfn: u64, order: u8, zero: bool },
+    /// The `i`-th allocated block's lower buddy then upper buddy (either may be free or
+    /// split), with one hint.
+    Buddies { i: usize, zero: bool },
 }
 
 fn entry() -> impl Strategy<Value = Entry> {
     prop_oneof![
         4 => (any::<usize>(), any::<bool>()).prop_map(|(i, zero)| Entry::Allocated { i, zero }),
-        1 => (0..2 * ZONE_PAGES + 8, 0u8..6, any::<bool>())
+        1 => (0..2 * ZONE_PAGES + 8, 0u8..7, any::<bool>())
             .prop_map(|(pfn, order, zero)| Entry::Any { pfn, order, zero }),
+        2 => (any::<usize>(), any::<bool>()).prop_map(|(i, zero)| Entry::Buddies { i, zero }),
     ]
 }
 
@@ -70,34 +77,59 @@ fn observe(mm: &MemoryManager) -> (Stats, Vec<Option<(Block, FreeState)>>) {
     (mm.stats(), states)
 }
 
+/// The same allocations (order, zero-request) on both managers, which must answer the
+/// same; the blocks allocated.
+fn alloc_both(
+    a: &MemoryManager,
+    b: &MemoryManager,
+    allocs: &[(u8, bool)],
+) -> Result<Vec<Block>, TestCaseError> {
+    let mut blocks = Vec::new();
+    for &(order, zeroed) in allocs {
+        let req = if zeroed {
+            AllocRequest::ZEROED
+        } else {
+            AllocRequest::DIRTY
+        };
+        let got = a.alloc(o(order), req);
+        prop_assert_eq!(&got, &b.alloc(o(order), req));
+        if let Ok(got) = got {
+            blocks.push(got.block);
+        }
+    }
+    Ok(blocks)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn free_each_is_the_frees_one_by_one(
-        allocs in prop::collection::vec((0u8..4, any::<bool>()), 1..40),
+        allocs in prop::collection::vec((0u8..6, any::<bool>()), 1..40),
         entries in prop::collection::vec(entry(), 0..48),
         one_hint in any::<bool>(),
     ) {
         let (bulk, bulk_told) = twin();
         let (single, single_told) = twin();
-        let mut blocks = Vec::new();
-        for &(order, zeroed) in &allocs {
-            let req = if zeroed { AllocRequest::ZEROED } else { AllocRequest::DIRTY };
-            let a = bulk.alloc(o(order), req);
-            prop_assert_eq!(&a, &single.alloc(o(order), req));
-            if let Ok(a) = a {
-                blocks.push(a.block);
-            }
-        }
+        let mut blocks = alloc_both(&bulk, &single, &allocs)?;
         prop_assume!(!blocks.is_empty());
         // free_each takes one hint for all: runs of entries with that hint.
         let hint_of = |zero: bool| hint(if one_hint { false } else { zero });
         let list: Vec<(Block, FreeHint)> = entries
             .iter()
-            .map(|e| match *e {
-                Entry::Allocated { i, zero } => (blocks[i % blocks.len()], hint_of(zero)),
-                Entry::Any { pfn, order, zero } => (Block::new(Pfn(pfn), o(order)), hint_of(zero)),
+            .flat_map(|e| match *e {
+                Entry::Allocated { i, zero } => vec![(blocks[i % blocks.len()], hint_of(zero))],
+                Entry::Any { pfn, order, zero } => {
+                    vec![(Block::new(Pfn(pfn), o(order)), hint_of(zero))]
+                }
+                Entry::Buddies { i, zero } => {
+                    let b = blocks[i % blocks.len()];
+                    let lower = Pfn(b.pfn.0 & !(2 * b.order.pages() - 1));
+                    let upper = Pfn(lower.0 + b.order.pages());
+                    [lower, upper]
+                        .map(|pfn| (Block::new(pfn, b.order), hint_of(zero)))
+                        .to_vec()
+                }
             })
             .collect();
         let mut bulk_errors = Vec::new();
@@ -112,5 +144,46 @@ proptest! {
         prop_assert_eq!(bulk_errors, single_errors);
         prop_assert_eq!(observe(&bulk), observe(&single));
         prop_assert_eq!(&*bulk_told.lock().unwrap(), &*single_told.lock().unwrap());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn alloc_resident_dirty_of_many_is_as_many_of_one(
+        allocs in prop::collection::vec((0u8..6, any::<bool>()), 0..24),
+        frees in prop::collection::vec((any::<usize>(), any::<bool>()), 0..24),
+        order in 0u8..6,
+        want in 1usize..40,
+    ) {
+        let (bulk, _) = twin();
+        let (single, _) = twin();
+        // The same history on both: blocks allocated, some freed dirty or zero, so the
+        // lists hold split blocks of either state.
+        let mut blocks = alloc_both(&bulk, &single, &allocs)?;
+        for &(i, zero) in &frees {
+            if blocks.is_empty() {
+                break;
+            }
+            let b = blocks.swap_remove(i % blocks.len());
+            prop_assert_eq!(bulk.free(b, hint(zero)), single.free(b, hint(zero)));
+        }
+        let none = Allocation {
+            block: Block::new(Pfn(0), o(order)),
+            zone: ZoneId(0),
+            zeroing: Zeroing::NotRequested,
+            prior: FreeState::DIRTY,
+        };
+        let mut many = vec![none; want];
+        let taken = bulk.alloc_resident_dirty(o(order), &mut many);
+        many.truncate(taken);
+        let mut one_by_one = Vec::new();
+        let mut one = [none];
+        while one_by_one.len() < want && single.alloc_resident_dirty(o(order), &mut one) == 1 {
+            one_by_one.push(one[0]);
+        }
+        prop_assert_eq!(many, one_by_one);
+        prop_assert_eq!(observe(&bulk), observe(&single));
     }
 }

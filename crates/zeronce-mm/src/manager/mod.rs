@@ -444,8 +444,11 @@ impl MemoryManager {
 
     /// [`MemoryManager::free`] of every block of `blocks` with `hint`, one zone lock for
     /// each run of blocks of one zone (Linux `free_pcppages_bulk`): the same checks, state
-    /// and notification as freeing them one by one. A block that cannot be freed is
-    /// passed to `failed` with its error (outside the lock) and changes nothing.
+    /// and notification as freeing them one by one. Two buddies side by side in `blocks`
+    /// (lower first) go onto the lists as their merged block, with no list push and
+    /// removal between (a caller freeing neighbours sorts them by address). A block that
+    /// cannot be freed is passed to `failed` with its error (outside the lock) and
+    /// changes nothing.
     pub fn free_each(
         &self,
         blocks: &[Block],
@@ -471,11 +474,26 @@ impl MemoryManager {
             let mut reportable = false;
             {
                 let mut zone = lock(slot);
-                for &block in &rest[..run] {
+                // Verify mode reads each known-zero block on its own.
+                let pairs = hint == FreeHint::Dirty || !self.config.verify;
+                let mut run = &rest[..run];
+                while let Some((&block, after)) = run.split_first() {
+                    // Buddies side by side go back as their merged block, as the two
+                    // frees one after the other would leave it.
+                    let buddies = match after.first() {
+                        Some(&upper) if pairs => zone.free_buddies(block, upper, state),
+                        _ => None,
+                    };
+                    if let Some((merged, merged_state)) = buddies {
+                        reportable |= self.count_reportable(slot, merged, merged_state);
+                        run = &after[1..];
+                        continue;
+                    }
                     match self.free_locked(slot, &mut zone, block, hint, state) {
                         Ok(r) => reportable |= r,
                         Err(e) => errors.push((block, e)),
                     }
+                    run = after;
                 }
             }
             if reportable {

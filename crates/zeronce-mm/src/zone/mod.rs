@@ -262,6 +262,13 @@ impl Zone {
     /// Takes up to `n` blocks of `order` in `states` (resident first, like
     /// [`Zone::take`]), calling `taken` with each head index and state (its tag is
     /// `taken`'s to set); how many were taken.
+    ///
+    /// A block of a higher order all of whose pieces of `order` are wanted is taken whole
+    /// and handed out piece by piece, in address order, with no split pushed and popped
+    /// again: what taking them one by one does. That first take finds the smallest
+    /// order with a block in the first state that has one, so that state's lists below it
+    /// are empty; the split leaves exactly the block's upper pieces there, and each next
+    /// take finds the lowest of them.
     fn take_each(
         &mut self,
         states: &[FreeState],
@@ -271,6 +278,14 @@ impl Zone {
     ) -> usize {
         let mut count = 0;
         while count < n {
+            if let Some((idx, pieces, state)) = self.pop_whole(states, order, n - count) {
+                let step = u32::try_from(order.pages()).unwrap_or(u32::MAX);
+                for k in 0..pieces {
+                    taken(self, idx + k * step, state);
+                }
+                count += pieces as usize;
+                continue;
+            }
             let next = states
                 .iter()
                 .find_map(|&state| self.pop_split(&[state], order));
@@ -281,6 +296,28 @@ impl Zone {
             count += 1;
         }
         count
+    }
+
+    /// The block [`Zone::pop_split`] would split for `order` in the first of `states`
+    /// that has one, taken off its list whole if it is of a higher order and holds at
+    /// most `want` blocks of `order`: its head index, how many blocks of `order` it holds
+    /// and its state (the pieces' tags are the caller's to set).
+    fn pop_whole(
+        &mut self,
+        states: &[FreeState],
+        order: Order,
+        want: usize,
+    ) -> Option<(u32, u32, FreeState)> {
+        let (found, state) = states
+            .iter()
+            .find_map(|&s| self.lists.smallest(&[s], order, self.max_order))?;
+        let pieces = 1u32 << (found.get() - order.get());
+        if found == order || pieces as usize > want {
+            return None;
+        }
+        let idx = self.lists.pop(&mut self.links, found, state)?;
+        self.free_pages -= found.pages();
+        Some((idx, pieces, state))
     }
 
     /// Takes back a block from a per-thread cache (`free_pcppages_bulk`): it goes on the
@@ -372,11 +409,7 @@ impl Zone {
         state: FreeState,
     ) -> Result<(Block, FreeState), FreeError> {
         let allocated = Tag::Allocated { order: block.order };
-        let head_allocated = block.order <= self.max_order
-            && self.range.contains_range(&block.range())
-            && block.is_aligned()
-            && self.tags.get(self.idx(block.pfn)) == allocated;
-        if !head_allocated {
+        if !self.is_allocated_head(block) {
             // Not the head of an allocated block of its order: name what it is (a head
             // tag is what `check_allocated` finds first, so this is only the slow way).
             self.check_allocated(block)?;
@@ -393,6 +426,48 @@ impl Zone {
         self.counters.frees[block.order.index()] += 1;
         self.free_pages += block.order.pages();
         Ok(self.merge_insert(block, state))
+    }
+
+    /// Whether `block` is exactly the head of an allocated block of its order (the fast
+    /// check of [`Zone::free`]).
+    #[inline]
+    fn is_allocated_head(&self, block: Block) -> bool {
+        block.order <= self.max_order
+            && self.range.contains_range(&block.range())
+            && block.is_aligned()
+            && self.tags.get(self.idx(block.pfn)) == Tag::Allocated { order: block.order }
+    }
+
+    /// Frees the allocated buddies `lower` and `upper` (in that order) in `state`, as
+    /// [`Zone::free`] of one then the other does: the first one's free cannot merge (its
+    /// buddy is still allocated), the second one's merges with it first, so both go on
+    /// the lists as their merged block. `None`, and nothing changes, unless both are
+    /// allocated heads of one order above [`crate::PCP_MAX_ORDER`] (whose tags no cache
+    /// writes) and below the zone's largest: the caller frees them one by one.
+    pub fn free_buddies(
+        &mut self,
+        lower: Block,
+        upper: Block,
+        state: FreeState,
+    ) -> Option<(Block, FreeState)> {
+        let order = lower.order;
+        let merged = Block::new(lower.pfn, order.higher()?);
+        let buddies = upper.order == order
+            && order > crate::PCP_MAX_ORDER
+            && order < self.max_order
+            && merged.is_aligned()
+            && upper.pfn.0 == lower.pfn.0 + order.pages()
+            && self.is_allocated_head(lower)
+            && self.is_allocated_head(upper);
+        if !buddies {
+            return None;
+        }
+        for block in [lower, upper] {
+            self.tags.set(self.idx(block.pfn), Tag::Tail);
+        }
+        self.counters.frees[order.index()] += 2;
+        self.free_pages += merged.order.pages();
+        Some(self.merge_insert(merged, state))
     }
 
     /// `__free_one_page`: merges `block` (no longer allocated/isolated) with free buddies of

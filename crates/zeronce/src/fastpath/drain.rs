@@ -63,6 +63,9 @@ impl<E: Keep> ThreadCaches<E> {
         guard.list(list).push(entry);
         drop(guard);
         if let Some(owner) = &holder {
+            // In address order, buddies side by side: the manager frees each pair as its
+            // merged block (the claims need no order of theirs).
+            blocks[..n].sort_unstable_by_key(|b| b.pfn);
             owner
                 .caches()
                 .give_back_claims(&blocks[..n], &mut bytes[..n]);

@@ -147,13 +147,16 @@ fn with(cur: u64, shift: u32, value: u8) -> u64 {
     (cur & !(LANE << shift)) | (u64::from(value) << shift)
 }
 
-/// Whether a byte of `mask` is the same in `a` and `b`.
+/// Whether a byte of `mask` (whole bytes) is the same in `a` and `b`.
 #[inline]
 fn has_equal_byte(a: u64, b: u64, mask: u64) -> bool {
-    let diff = a ^ b;
-    (0..LANES as u32)
-        .map(|k| LANE << (k * 8))
-        .any(|byte| mask & byte != 0 && diff & byte == 0)
+    // The bytes outside the mask differ (all ones); then whether any byte is zero, the
+    // classic test: a zero byte's borrow sets its top bit, and a byte that is not zero
+    // sets no top bit of its own unless it already had it (masked out by `!v`).
+    const ONES: u64 = u64::from_ne_bytes([0x01; LANES]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; LANES]);
+    let v = (a ^ b) | !mask;
+    v.wrapping_sub(ONES) & !v & HIGHS != 0
 }
 
 #[cfg(test)]
@@ -161,6 +164,45 @@ mod tests {
     use super::*;
 
     const BUSY: u8 = 3;
+
+    #[test]
+    fn the_word_test_of_equal_bytes_is_the_byte_by_byte_one() {
+        let byte_by_byte = |a: u64, b: u64, mask: u64| {
+            (0..8).any(|k| {
+                let byte = LANE << (k * 8);
+                mask & byte != 0 && (a ^ b) & byte == 0
+            })
+        };
+        // Words whose bytes are drawn from a few values (equal, off by one bit, by the
+        // top bit), every mask of whole bytes.
+        let values = [0u8, 1, 2, 3, 0x7f, 0x80, 0x81, 0xfe, 0xff];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            let mut word = || {
+                u64::from_ne_bytes(std::array::from_fn(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    values[(seed % values.len() as u64) as usize]
+                }))
+            };
+            let (a, b) = (word(), word());
+            for bytes in 0..=255u8 {
+                let mask = u64::from_ne_bytes(std::array::from_fn(|k| {
+                    if bytes & (1 << k) != 0 {
+                        0xff
+                    } else {
+                        0
+                    }
+                }));
+                assert_eq!(
+                    has_equal_byte(a, b, mask),
+                    byte_by_byte(a, b, mask),
+                    "{a:#x} {b:#x} {mask:#x}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn each_chunk_keeps_its_own_byte() {

@@ -46,16 +46,18 @@ impl<E: Keep> ThreadCaches<E> {
         // block), up to as many husks as the list keeps blocks; past that they go now:
         // not the last references, as the owner's handles hold theirs until its close
         // has taken this slot.
-        let mut holder: Option<E> = None;
         let (kept, husks) = guard.list_and_husks(list);
-        for ((block, b), mut e) in blocks.iter_mut().zip(&mut bytes).zip(kept.drain(..n)) {
+        // The claims come out where the entries are, then the entries move as they are
+        // (a claim read back from an entry just moved to the stack, in other pieces than
+        // it was written, is a store-forwarding stall a block).
+        for ((block, b), e) in blocks.iter_mut().zip(&mut bytes).zip(&mut kept[..n]) {
             (*block, *b) = e.take_claim();
-            if holder.is_none() {
-                holder = Some(e);
-            } else if husks.len() < limit {
-                husks.push(e);
-            }
         }
+        let mut drained = kept.drain(..n);
+        let holder = drained.next();
+        let room = limit.saturating_sub(husks.len());
+        husks.extend(drained.by_ref().take(room));
+        drop(drained);
         caches.counters.count_given_back(&guard, list, n as u64);
         caches.counters.count_keep(&guard, list, list_order(list));
         caches.kept_huge_block();

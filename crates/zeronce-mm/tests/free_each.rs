@@ -111,7 +111,7 @@ proptest! {
     ) {
         let (bulk, bulk_told) = twin();
         let (single, single_told) = twin();
-        let mut blocks = alloc_both(&bulk, &single, &allocs)?;
+        let blocks = alloc_both(&bulk, &single, &allocs)?;
         prop_assume!(!blocks.is_empty());
         // free_each takes one hint for all: runs of entries with that hint.
         let hint_of = |zero: bool| hint(if one_hint { false } else { zero });

@@ -31,7 +31,9 @@ impl MemoryManager {
     /// each run of blocks of one zone (Linux `free_pcppages_bulk`): the same checks, state
     /// and notification as freeing them one by one. Two buddies side by side in `blocks`
     /// (lower first) go onto the lists as their merged block, with no list push and
-    /// removal between (a caller freeing neighbours sorts them by address). A block that
+    /// removal between (a caller freeing neighbours sorts them by address); only buddies
+    /// of an order above [`crate::PCP_MAX_ORDER`] and below the largest pair up, and not
+    /// known-zero ones in verify mode, which reads each on its own. A block that
     /// cannot be freed is passed to `failed` with its error (outside the lock) and
     /// changes nothing.
     pub fn free_each(
@@ -70,6 +72,9 @@ impl MemoryManager {
                         _ => None,
                     };
                     if let Some((merged, merged_state)) = buddies {
+                        // Counted as the two frees count: the lower block as it went
+                        // back on its own, then the block the upper one merged into.
+                        reportable |= self.count_reportable(slot, block, state);
                         reportable |= self.count_reportable(slot, merged, merged_state);
                         run = &after[1..];
                         continue;

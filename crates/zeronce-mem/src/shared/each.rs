@@ -19,38 +19,50 @@ impl SharedRam {
         ranges: &[(usize, usize)],
         mut each: impl FnMut(usize, Result<RamClaim, ClaimError>),
     ) {
-        let mut i = 0;
-        while i < ranges.len() {
-            let Some((word, mut mask)) = self.whole_groups(ranges[i]) else {
-                each(i, self.claim_bare(ranges[i].0, ranges[i].1));
-                i += 1;
-                continue;
-            };
-            // The run of ranges from `i` whose groups are in the same word, none twice.
-            let mut end = i + 1;
-            while let Some((w, m)) = ranges.get(end).and_then(|&r| self.whole_groups(r)) {
-                if w != word || m & mask != 0 {
-                    break;
+        // Ranges before `together` were claimed with one step; ranges before `alone`
+        // are claimed one by one (their run's step found a page busy, or no run).
+        let (mut together, mut alone) = (0, 0);
+        // One call of `each`, so it is inlined here and its result not passed through
+        // memory (read back in other pieces than written: a store-forwarding stall).
+        for (i, &(offset, len)) in ranges.iter().enumerate() {
+            if i >= together && i >= alone {
+                match self.claim_run(&ranges[i..]) {
+                    (n, true) => together = i + n,
+                    (n, false) => alone = i + n,
                 }
-                mask |= m;
-                end += 1;
             }
-            if end - i > 1 && self.claims.try_claim_groups(word, mask).is_ok() {
-                for (k, &(offset, len)) in ranges.iter().enumerate().take(end).skip(i) {
-                    let claim = RamClaim {
-                        ram: self.id,
-                        offset,
-                        len,
-                    };
-                    each(k, Ok(claim));
-                }
+            let claim = if i < together {
+                Ok(RamClaim {
+                    ram: self.id,
+                    offset,
+                    len,
+                })
             } else {
-                for (k, &(offset, len)) in ranges.iter().enumerate().take(end).skip(i) {
-                    each(k, self.claim_bare(offset, len));
-                }
-            }
-            i = end;
+                self.claim_bare(offset, len)
+            };
+            each(i, claim);
         }
+    }
+
+    /// The run of ranges at the start of `ranges` (one at least) whose groups are whole
+    /// groups of one word of the claim map, none twice, and whether that run (of two or
+    /// more) was claimed with one atomic step; else its ranges are to be claimed one by one.
+    fn claim_run(&self, ranges: &[(usize, usize)]) -> (usize, bool) {
+        let Some((word, mut mask)) = ranges.first().and_then(|&r| self.whole_groups(r)) else {
+            return (1, false);
+        };
+        let mut end = 1;
+        while let Some((w, m)) = ranges.get(end).and_then(|&r| self.whole_groups(r)) {
+            if w != word || m & mask != 0 {
+                break;
+            }
+            mask |= m;
+            end += 1;
+        }
+        (
+            end,
+            end > 1 && self.claims.try_claim_groups(word, mask).is_ok(),
+        )
     }
 
     /// Ends each of `claims`, as [`SharedRam::release`] would one by one; neighbouring

@@ -19,19 +19,18 @@ impl SharedRam {
         ranges: &[(usize, usize)],
         mut each: impl FnMut(usize, Result<RamClaim, ClaimError>),
     ) {
-        // Ranges before `together` were claimed with one step; ranges before `alone`
-        // are claimed one by one (their run's step found a page busy, or no run).
-        let (mut together, mut alone) = (0, 0);
+        // The current run of ranges ends before `run_end`; `together`: its step claimed
+        // all of them (else they are claimed one by one: a page busy, or no run).
+        let (mut run_end, mut together) = (0, false);
         // One call of `each`, so it is inlined here and its result not passed through
         // memory (read back in other pieces than written: a store-forwarding stall).
         for (i, &(offset, len)) in ranges.iter().enumerate() {
-            if i >= together && i >= alone {
-                match self.claim_run(&ranges[i..]) {
-                    (n, true) => together = i + n,
-                    (n, false) => alone = i + n,
-                }
+            if i == run_end {
+                let n;
+                (n, together) = self.claim_run(&ranges[i..]);
+                run_end = i + n;
             }
-            let claim = if i < together {
+            let claim = if together {
                 Ok(RamClaim {
                     ram: self.id,
                     offset,

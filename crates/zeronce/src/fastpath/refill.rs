@@ -66,31 +66,28 @@ impl<E: Keep> ThreadCaches<E> {
         let mut first = None;
         let mut kept = 0u64;
         ClaimedBytes::claim_each(&self.ram, blocks, |k, claimed| match claimed {
-            Ok(bytes) if first.is_none() => {
-                first = Some(match self.pop_mine_of(guard.husks()) {
-                    Some(mut husk) => {
-                        husk.refill(allocs[k], bytes);
-                        husk
-                    }
-                    None => wrap(allocs[k], bytes),
-                })
-            }
             Ok(bytes) => {
                 // A husk of this owner's carries it if the slot has one (no reference
                 // counted up), else a new entry. The husk moves onto the list as it is
-                // and takes the block there: the entry is not read back from where its
-                // new fields were just written (a store-forwarding stall a block).
-                match self.pop_mine_of(guard.husks()) {
+                // and takes the block there: a kept entry is not read back from where
+                // its new fields were just written (a store-forwarding stall a block).
+                let husk = self.pop_mine_of(guard.husks());
+                let list = guard.list(HUGE_LIST);
+                match husk {
                     Some(husk) => {
-                        let list = guard.list(HUGE_LIST);
                         list.push(husk);
                         if let Some(entry) = list.last_mut() {
                             entry.refill(allocs[k], bytes);
                         }
                     }
-                    None => guard.list(HUGE_LIST).push(wrap(allocs[k], bytes)),
+                    None => list.push(wrap(allocs[k], bytes)),
                 }
-                kept += 1;
+                // The first one is the allocation's, the others stay kept.
+                if first.is_none() {
+                    first = list.pop();
+                } else {
+                    kept += 1;
+                }
             }
             Err(e) => self.unclaimable(blocks[k], e),
         });

@@ -18,6 +18,7 @@
     clippy::cast_possible_wrap
 )]
 
+mod biased;
 mod claims;
 mod discard;
 mod global;
@@ -28,6 +29,8 @@ mod shared;
 mod vm;
 mod zeroing;
 
+/// A try-lock its one steady user takes with plain stores (per-CPU slots).
+pub use biased::{BiasedGuard, BiasedLock};
 /// Discard operations, the backings they act on and what they promise.
 pub use discard::{Backing, DiscardError, DiscardOp, ZeroGuarantee, PAGE_SIZE};
 /// A global allocator that sends large requests elsewhere.

@@ -72,7 +72,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use try_lock::TryLock;
+use zeronce_mem::BiasedLock;
 use zeronce_mem::SharedRam;
 use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
@@ -88,7 +88,7 @@ use crate::zeroing::Lifecycle;
 mod drain;
 mod refill;
 mod slots;
-use slots::{list_of, list_order, lock_slot, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
+use slots::{list_of, list_order, SlotCounters, SlotGuard, HUGE_LIST, LISTS};
 pub(crate) use slots::{Slots, HUGE_ORDER};
 
 /// Most bytes of huge blocks one slot keeps (at most 1/64 of the memory).
@@ -126,7 +126,7 @@ pub(crate) enum Via {
 /// Per-thread caches in front of one manager (see the module docs); `E` is what its kept
 /// lists hold.
 pub(crate) struct ThreadCaches<E> {
-    pcp: PerThread<TryLock<PcpCache<Arc<MemoryManager>>>>,
+    pcp: PerThread<BiasedLock<PcpCache<Arc<MemoryManager>>>>,
     /// Most blocks kept per slot, per kept list, at first (the base limit).
     kept_limit: [usize; LISTS],
     /// Most huge blocks a slot may keep beyond its base limit.
@@ -171,7 +171,7 @@ impl<E: Keep> ThreadCaches<E> {
             (total * PAGE_SIZE / 8 / counters.slots() as u64 / HUGE_ORDER.bytes()).max(huge)
         };
         ThreadCaches {
-            pcp: PerThread::new(|| TryLock::new(PcpCache::new(Arc::clone(mm)))),
+            pcp: PerThread::new(|| BiasedLock::new(PcpCache::new(Arc::clone(mm)))),
             kept_limit: std::array::from_fn(|list| match list_order(list) {
                 o if o == HUGE_ORDER => fit(huge),
                 o => fit(small >> o.get()).max(1),
@@ -486,7 +486,7 @@ impl<E: Keep> ThreadCaches<E> {
     pub(crate) fn drain(&self) {
         self.give_back_all_kept();
         for pcp in self.pcp.iter() {
-            lock_slot(pcp).drain();
+            pcp.lock().drain();
         }
     }
 
@@ -511,7 +511,7 @@ impl<E> Drop for ThreadCaches<E> {
         // Every kept entry holds a reference to its owner, so none is left: only the
         // cached blocks go back.
         for pcp in self.pcp.iter() {
-            lock_slot(pcp).drain();
+            pcp.lock().drain();
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use try_lock::{Locked, TryLock};
+use zeronce_mem::{BiasedGuard, BiasedLock};
 use zeronce_mm::{Order, Stats, PAGE_SIZE, PCP_MAX_ORDER};
 use zeronce_types::HUGE_PAGE_2M;
 
@@ -53,14 +53,14 @@ struct Lists<E> {
 }
 
 /// Every slot's kept lists (a `static` per entry type; see [`super`]'s docs).
-pub(crate) struct Slots<E>([Padded<TryLock<Lists<E>>>; NUMBERS]);
+pub(crate) struct Slots<E>([Padded<BiasedLock<Lists<E>>>; NUMBERS]);
 
 impl<E> Slots<E> {
     /// Empty lists.
     pub(crate) const fn new() -> Self {
         Slots(
             [const {
-                Padded(TryLock::new(Lists {
+                Padded(BiasedLock::new(Lists {
                     kept: [const { Vec::new() }; LISTS],
                     husks: Vec::new(),
                 }))
@@ -73,12 +73,12 @@ impl<E> Slots<E> {
 /// that slot.
 pub(crate) struct SlotGuard<E: 'static> {
     slot: usize,
-    lists: Locked<'static, Lists<E>>,
+    lists: BiasedGuard<'static, Lists<E>>,
 }
 
 impl<E> SlotGuard<E> {
     /// The calling thread's slot of `slots`, if no other thread holds it now.
-    #[inline]
+    #[inline(always)]
     pub(super) fn try_mine(slots: &'static Slots<E>) -> Option<Self> {
         let slot = slot_index();
         let lists = slots.0[slot].0.try_lock()?;
@@ -86,11 +86,11 @@ impl<E> SlotGuard<E> {
     }
 
     /// Slot `slot` of `slots`, waiting out its holder (who holds it for one list
-    /// operation).
+    /// operation); the slot stays biased to its thread (see [`BiasedLock::lock`]).
     pub(super) fn wait(slots: &'static Slots<E>, slot: usize) -> Self {
         SlotGuard {
             slot,
-            lists: lock_slot(&slots.0[slot].0),
+            lists: slots.0[slot].0.lock(),
         }
     }
 
@@ -111,16 +111,6 @@ impl<E> SlotGuard<E> {
     pub(super) fn list_and_husks(&mut self, list: usize) -> (&mut Vec<E>, &mut Vec<E>) {
         let lists = &mut *self.lists;
         (&mut lists.kept[list], &mut lists.husks)
-    }
-}
-
-/// Takes `slot`, waiting out its holder (who holds it for one cache operation).
-pub(super) fn lock_slot<T>(slot: &TryLock<T>) -> Locked<'_, T> {
-    loop {
-        if let Some(s) = slot.try_lock() {
-            return s;
-        }
-        std::thread::yield_now();
     }
 }
 

@@ -271,14 +271,26 @@ impl PageBlock {
 
     /// Frees the block (contents unknown).
     #[inline]
-    pub fn free(mut self) -> Result<(), FreeError> {
-        self.release(FreeHint::Dirty, u64::MAX)
+    pub fn free(self) -> Result<(), FreeError> {
+        self.release_then_drop(FreeHint::Dirty)
     }
 
     /// Frees a block the caller knows reads zero (checked in verify mode; on a failed
     /// check the block stays allocated and is freed dirty on drop).
-    pub fn free_zeroed(mut self) -> Result<(), FreeError> {
-        self.release(FreeHint::KnownZero, u64::MAX)
+    pub fn free_zeroed(self) -> Result<(), FreeError> {
+        self.release_then_drop(FreeHint::KnownZero)
+    }
+
+    /// Releases the block with `hint`; a handle that released it holds nothing, so it is
+    /// forgotten (its drop would only find that out, through three calls a free). A
+    /// failed release leaves the block with the handle, whose drop frees it dirty.
+    #[inline(always)]
+    fn release_then_drop(mut self, hint: FreeHint) -> Result<(), FreeError> {
+        let result = self.release(hint, u64::MAX);
+        if self.claimed.is_none() {
+            std::mem::forget(self);
+        }
+        result
     }
 
     /// The holder of a block handed out with [`Writes::Prefix`] writes its first `pages`

@@ -311,8 +311,14 @@ impl<E: Keep> ThreadCaches<E> {
             // to the zone would have; the pass comes after the reporting delay.
             caches.kept_huge_block();
         }
-        entry.reuse();
-        guard.list(list).push(entry);
+        // Marked reused where it lands: the entry is copied whole before any field of it
+        // is written, so the copy does not read back stores of another width (a
+        // store-forwarding stall a free).
+        let kept = guard.list(list);
+        kept.push(entry);
+        if let Some(e) = kept.last_mut() {
+            e.reuse();
+        }
         Ok(())
     }
 

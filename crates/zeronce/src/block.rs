@@ -354,7 +354,7 @@ impl PageBlock {
     /// Frees with `hint`, the pages from `zero_from` on known to read zero; on an error
     /// the block stays this handle's. The fast path (a block kept for this thread) is
     /// inlined into the caller.
-    #[inline]
+    #[inline(always)]
     fn release(&mut self, hint: FreeHint, zero_from: u64) -> Result<(), FreeError> {
         let Some(claimed) = self.claimed.take() else {
             return Ok(());

@@ -214,7 +214,7 @@ impl<E: Keep> ThreadCaches<E> {
 
     /// A kept block of `order` for the calling thread, if its slot's most recent one of
     /// that order is this owner's; counted as an allocation.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&self, order: Order) -> Option<E> {
         let list = list_of(order)?;
         let mut guard = SlotGuard::try_mine(E::slots())?;
@@ -283,7 +283,7 @@ impl<E: Keep> ThreadCaches<E> {
     /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
     /// caller when its order is not kept, its owner is closed, the slot keeps enough of
     /// that order or is busy.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn keep(mut entry: E) -> Result<(), E> {
         let order = entry.order();
         let Some(list) = list_of(order) else {

@@ -6,8 +6,13 @@
 //! the same slot ([`crate::threads::slot_index`]), live threads are spread over them. As
 //! Linux's `pcp_spin_trylock`, a slot is only ever *tried*: a thread that finds its slot
 //! busy (another thread on it, or a drain) goes to the manager for that call instead of
-//! waiting, so no thread spins or sleeps on a slot on the allocation path. Taking a free
-//! slot is one atomic swap and giving it back one plain store.
+//! waiting, so no thread spins or sleeps on a slot on the allocation path. A slot is a
+//! [`zeronce_mem::BiasedLock`]: the thread that took it 64 times in a row with nobody
+//! else between is *favoured* and takes and gives it back with plain stores (no locked
+//! instruction, which on x86 waits for the store buffer); any other thread takes it with
+//! one atomic swap and, while a thread is favoured, one `membarrier` that waits the
+//! favoured thread out. A second user of the slot takes the favour away; a drain (the
+//! reporting thread's, `flush`, `stats`, close) leaves it.
 //!
 //! **Two layers per slot.**
 //! - *Kept blocks*: blocks their owners freed dirty, of an order up to [`PCP_MAX_ORDER`]
@@ -445,7 +450,8 @@ impl<E: Keep> ThreadCaches<E> {
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
         let first = {
-            // The slot is tried only for an order it caches (a try is a locked swap).
+            // The slot is tried only for an order it caches (for a thread not favoured,
+            // a try is a locked swap).
             let cached = !req.zeroed && order <= PCP_MAX_ORDER;
             match cached.then(|| self.pcp.mine().try_lock()).flatten() {
                 // Nothing to zero: the prefix does not matter.

@@ -26,9 +26,16 @@
 //! `favoured` only changes while `locked` is held, so a taker reads it once it holds the
 //! lock. A taker that is not a drainer ([`BiasedLock::try_lock`]) takes the favour away
 //! (two threads use the slot); [`BiasedLock::lock`], the drainers' way in, leaves it.
-//! A thread that took the lock [`BiasedLock::rebias_after`] times in a row with nobody
-//! else between becomes the favoured one, and each revocation doubles that count, so
-//! threads that take turns on a slot cost at most one membarrier per 64 Ki takes.
+//! A user that finds the favoured thread inside (after a short spin: preempted there)
+//! gives way, but ends the favour anyway, marking it *revoking*: from then on no thread
+//! enters favoured, and the next taker only waits for `inside` to clear (the taker that
+//! marked it saw it set, after its membarrier, and the next one's acquire of `locked`
+//! comes after that read), so one membarrier ends a favour however long its thread
+//! stays preempted. A thread that took the lock [`BiasedLock::rebias_after`] times in a
+//! row with nobody else between becomes the favoured one (if the caller's `alone` test
+//! agrees, [`BiasedLock::try_lock_favouring_if`]), and each revocation doubles that
+//! count, so threads that take turns on a slot cost at most one membarrier per 64 Ki
+//! takes.
 //!
 //! Where `membarrier` cannot be registered (an old kernel, a seccomp filter, Miri), no
 //! thread is ever favoured and the lock is a plain test-and-set lock.
@@ -45,6 +52,13 @@ use std::sync::atomic::{
 const FIRST_REBIAS: u32 = 64;
 /// The most the count doubles to.
 const MOST_REBIAS: u32 = 1 << 16;
+/// Spins a user that revokes the favour waits for the favoured thread to leave (a few
+/// microseconds at most; the favoured thread holds the lock for one list operation).
+const USER_SPINS: u32 = 200;
+/// `favoured` while the favour is being taken away from a thread that may still be
+/// inside: no thread enters favoured, and the next taker waits for `inside` to clear
+/// without a membarrier (never a thread's token: those count up from 1).
+const REVOKING: u64 = u64::MAX;
 
 /// A lock around `T` whose favoured thread takes it with plain stores (module docs).
 pub struct BiasedLock<T> {
@@ -86,11 +100,20 @@ impl<T> BiasedLock<T> {
     /// A thread that is not favoured takes the favour away from the thread that is.
     #[inline(always)]
     pub fn try_lock(&self) -> Option<BiasedGuard<'_, T>> {
+        self.try_lock_favouring_if(|| true)
+    }
+
+    /// [`BiasedLock::try_lock`], where the calling thread may earn the favour only if
+    /// `alone()` says so when it has taken the lock enough times in a row (a per-CPU slot
+    /// favours a thread only while no other live thread shares the slot: threads that
+    /// take turns on one slot would pass the favour back and forth, a membarrier each).
+    #[inline(always)]
+    pub fn try_lock_favouring_if(&self, alone: fn() -> bool) -> Option<BiasedGuard<'_, T>> {
         let me = this_thread();
         if me != 0 && self.favoured.load(Relaxed) == me {
             return self.enter_favoured(me);
         }
-        self.try_take(me, Role::User)
+        self.try_take(me, Role::User(alone))
     }
 
     /// Takes the lock, waiting out its holder, and leaves the favour where it is: the way
@@ -147,35 +170,64 @@ impl<T> BiasedLock<T> {
         }
         let favoured = self.favoured.load(Relaxed);
         if favoured != 0 && favoured != me {
-            heavy_barrier();
-            if role == Role::User && self.inside.load(Acquire) {
-                // Inside for one operation: give way, as to any holder.
+            if favoured != REVOKING {
+                // The favoured thread may be inside unseen: the heavy half of the fence.
+                heavy_barrier();
+            }
+            // (After `REVOKING` no thread enters favoured; the one that may still be
+            // inside was seen there by the taker that wrote it, and this taker's acquire
+            // of `locked` comes after that read, so `inside` reads true or its release.)
+            let out = match role {
+                // A user waits a little (the favoured thread is inside for one operation
+                // unless preempted there), then gives way as to any holder. The favour
+                // ends either way, so the next taker needs no membarrier.
+                Role::User(_) => self.left_soon(),
+                Role::Visitor => {
+                    while self.inside.load(Acquire) {
+                        std::thread::yield_now();
+                    }
+                    true
+                }
+            };
+            if matches!(role, Role::User(_)) || favoured == REVOKING {
+                self.end_favour(if out { 0 } else { REVOKING });
+            }
+            if !out {
                 self.locked.store(false, Release);
                 return None;
             }
-            // A visitor waits: the favoured thread stays inside for one operation.
-            while self.inside.load(Acquire) {
-                std::thread::yield_now();
-            }
-            if role == Role::User {
-                self.revoke();
-            }
         }
-        if role == Role::User {
-            self.count_take(me);
+        if let Role::User(alone) = role {
+            self.count_take(me, alone);
         }
         Some(BiasedGuard::new(self, Side::Locked))
     }
 
-    /// Takes the favour away (under `locked`), and makes the next one harder to earn.
-    fn revoke(&self) {
-        self.favoured.store(0, Relaxed);
-        let next = self.rebias.load(Relaxed).saturating_mul(2).min(MOST_REBIAS);
-        self.rebias.store(next, Relaxed);
+    /// Whether the favoured thread is not inside, or leaves within a short spin (it is
+    /// inside for one operation unless it was preempted there).
+    fn left_soon(&self) -> bool {
+        for _ in 0..USER_SPINS {
+            if !self.inside.load(Acquire) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        !self.inside.load(Acquire)
+    }
+
+    /// Takes the favour away (under `locked`): `0` once the favoured thread is known to
+    /// be out, [`REVOKING`] while it may still be inside; the first end of a favour makes
+    /// the next one harder to earn.
+    fn end_favour(&self, to: u64) {
+        if self.favoured.load(Relaxed) != REVOKING {
+            let next = self.rebias.load(Relaxed).saturating_mul(2).min(MOST_REBIAS);
+            self.rebias.store(next, Relaxed);
+        }
+        self.favoured.store(to, Relaxed);
     }
 
     /// Counts a take by `me` (under `locked`); favours `me` after enough in a row.
-    fn count_take(&self, me: u64) {
+    fn count_take(&self, me: u64, alone: fn() -> bool) {
         if me == 0 {
             return;
         }
@@ -185,19 +237,24 @@ impl<T> BiasedLock<T> {
             self.last.store(me, Relaxed);
             1
         };
-        self.run.store(run, Relaxed);
-        if run >= self.rebias.load(Relaxed) && heavy_barrier_ready() {
+        if run < self.rebias.load(Relaxed) {
+            self.run.store(run, Relaxed);
+        } else if alone() && heavy_barrier_ready() {
             // Seen by every later taker, which reads it after its acquire of `locked`.
             self.favoured.store(me, Relaxed);
+        } else {
+            // Asked again after as many takes more, not at each.
+            self.run.store(0, Relaxed);
         }
     }
 }
 
 /// Who takes the lock on the shared side.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Role {
-    /// A thread that uses the slot: takes the favour away, counts towards its own.
-    User,
+    /// A thread that uses the slot: takes the favour away, counts towards its own (if the
+    /// function says it is alone on the lock's slot).
+    User(fn() -> bool),
     /// A drainer: waits, leaves the favour.
     Visitor,
 }

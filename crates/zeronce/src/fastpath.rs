@@ -87,7 +87,7 @@ use zeronce_mm::{
 };
 
 use crate::claimed::ClaimedBytes;
-use crate::threads::PerThread;
+use crate::threads::{alone_on_my_slot, PerThread};
 use crate::zeroing::Lifecycle;
 
 mod drain;
@@ -289,7 +289,7 @@ impl<E: Keep> ThreadCaches<E> {
     /// caller when its order is not kept, its owner is closed, the slot keeps enough of
     /// that order or is busy.
     #[inline(always)]
-    pub(crate) fn keep(mut entry: E) -> Result<(), E> {
+    pub(crate) fn keep(entry: E) -> Result<(), E> {
         let order = entry.order();
         let Some(list) = list_of(order) else {
             return Err(entry);
@@ -453,7 +453,10 @@ impl<E: Keep> ThreadCaches<E> {
             // The slot is tried only for an order it caches (for a thread not favoured,
             // a try is a locked swap).
             let cached = !req.zeroed && order <= PCP_MAX_ORDER;
-            match cached.then(|| self.pcp.mine().try_lock()).flatten() {
+            match cached
+                .then(|| self.pcp.mine().try_lock_favouring_if(alone_on_my_slot))
+                .flatten()
+            {
                 // Nothing to zero: the prefix does not matter.
                 Some(mut pcp) => pcp.alloc(order, req),
                 None => self.mm.alloc_prefix(order, req, used_pages),
@@ -472,7 +475,7 @@ impl<E: Keep> ThreadCaches<E> {
     /// slot free) or to the manager.
     pub(crate) fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
         if hint == FreeHint::Dirty && block.order <= PCP_MAX_ORDER {
-            if let Some(mut pcp) = self.pcp.mine().try_lock() {
+            if let Some(mut pcp) = self.pcp.mine().try_lock_favouring_if(alone_on_my_slot) {
                 return pcp.free(block, hint);
             }
         }

@@ -88,6 +88,19 @@ pub(crate) fn slot_index() -> usize {
     slot
 }
 
+/// Whether the calling thread is the only live thread on its slot (asked when a slot
+/// would favour it: see [`zeronce_mem::BiasedLock::try_lock_favouring_if`]). Counts the
+/// live holders of every number that maps to the slot.
+pub(crate) fn alone_on_my_slot() -> bool {
+    let (count, slot) = (slot_count(), slot_index());
+    let live: usize = LIVE[slot..]
+        .iter()
+        .step_by(count)
+        .map(|n| n.load(Relaxed))
+        .sum();
+    live == 1
+}
+
 /// A value on a cache line of its own.
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub(crate) T);

@@ -156,3 +156,47 @@ fn three_lockers_count_exactly() {
         );
     }
 }
+
+#[test]
+fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
+    let lock = BiasedLock::new(());
+    for _ in 0..4 * lock.rebias_after() {
+        let g = lock.try_lock_favouring_if(|| false).expect("free");
+        assert!(!g.is_favoured());
+    }
+    assert!(!lock.favours_me());
+}
+
+#[test]
+fn a_user_that_finds_the_favoured_thread_inside_gives_way_and_ends_the_favour() {
+    use std::sync::mpsc::channel;
+    let lock = Arc::new(BiasedLock::new(0u64));
+    for _ in 0..=lock.rebias_after() {
+        *take(&lock) += 1;
+    }
+    if !heavy_barrier_ready() {
+        return;
+    }
+    let mut inside = take(&lock);
+    assert!(inside.is_favoured());
+    let (tx, rx) = channel();
+    let other = Arc::clone(&lock);
+    let user = std::thread::spawn(move || {
+        // The favoured thread stays inside: this user gives way.
+        assert!(other.try_lock().is_none());
+        tx.send(()).expect("main waits");
+        // Once it has left, the next take needs no favour of anybody's.
+        let mut g = take(&other);
+        assert!(!g.is_favoured());
+        *g += 1;
+    });
+    rx.recv().expect("the user gave way");
+    assert!(
+        !lock.favours_me(),
+        "the favour ended while its thread was inside"
+    );
+    *inside += 1;
+    drop(inside);
+    user.join().expect("the user");
+    assert_eq!(*take(&lock), u64::from(FIRST_REBIAS) + 3);
+}

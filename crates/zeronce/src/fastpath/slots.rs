@@ -7,7 +7,7 @@ use zeronce_mem::{BiasedGuard, BiasedLock};
 use zeronce_mm::{Order, Stats, PAGE_SIZE, PCP_MAX_ORDER};
 use zeronce_types::HUGE_PAGE_2M;
 
-use crate::threads::{slot_index, Padded, PerThread, NUMBERS};
+use crate::threads::{alone_on_my_slot, slot_index, Padded, PerThread, NUMBERS};
 
 /// The huge-page order: 2 MiB blocks.
 pub(crate) const HUGE_ORDER: Order =
@@ -81,7 +81,7 @@ impl<E> SlotGuard<E> {
     #[inline(always)]
     pub(super) fn try_mine(slots: &'static Slots<E>) -> Option<Self> {
         let slot = slot_index();
-        let lists = slots.0[slot].0.try_lock()?;
+        let lists = slots.0[slot].0.try_lock_favouring_if(alone_on_my_slot)?;
         Some(SlotGuard { slot, lists })
     }
 

@@ -30,11 +30,19 @@ pub fn is_internal_thread() -> bool {
 /// Thread numbers handed out: at most this many (the most [`PerThread`] slots).
 pub(crate) const NUMBERS: usize = 64;
 
-/// Live threads holding each number.
+/// Live threads holding each number (zeronce's own threads not counted).
 static LIVE: [AtomicUsize; NUMBERS] = [const { AtomicUsize::new(0) }; NUMBERS];
 
 /// A thread's number; the thread's end gives it back.
-struct Number(usize);
+struct Number {
+    /// The number.
+    n: usize,
+    /// Counted in [`LIVE`]: a caller's thread. zeronce's own threads (the reporting worker
+    /// gives kept blocks back and counts them on a slot too) take a number without
+    /// counting, so they neither push callers' threads together nor make a caller's
+    /// thread share its slot (see [`alone_on_my_slot`]).
+    counted: bool,
+}
 
 impl Number {
     /// The lowest number the fewest live threads hold, so live threads spread over the
@@ -43,20 +51,25 @@ impl Number {
         let n = (0..NUMBERS)
             .min_by_key(|&i| LIVE[i].load(Relaxed))
             .unwrap_or(0);
-        LIVE[n].fetch_add(1, Relaxed);
-        Number(n)
+        let counted = !is_internal_thread();
+        if counted {
+            LIVE[n].fetch_add(1, Relaxed);
+        }
+        Number { n, counted }
     }
 }
 
 impl Drop for Number {
     fn drop(&mut self) {
-        LIVE[self.0].fetch_sub(1, Relaxed);
+        if self.counted {
+            LIVE[self.n].fetch_sub(1, Relaxed);
+        }
     }
 }
 
 /// The calling thread's number (below [`NUMBERS`]; 0 while the thread ends).
 fn thread_number() -> usize {
-    NUMBER.try_with(|n| n.0).unwrap_or(0)
+    NUMBER.try_with(|n| n.n).unwrap_or(0)
 }
 
 /// Slots of per-thread data: one per CPU this process may run on, rounded up to a power
@@ -90,7 +103,8 @@ pub(crate) fn slot_index() -> usize {
 
 /// Whether the calling thread is the only live thread on its slot (asked when a slot
 /// would favour it: see [`zeronce_mem::BiasedLock::try_lock_favouring_if`]). Counts the
-/// live holders of every number that maps to the slot.
+/// live holders of every number that maps to the slot (zeronce's own threads are not
+/// counted: they visit slots, they do not use them).
 pub(crate) fn alone_on_my_slot() -> bool {
     let (count, slot) = (slot_count(), slot_index());
     let live: usize = LIVE[slot..]
@@ -139,5 +153,30 @@ impl<T> PerThread<T> {
     /// Every value.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().map(|p| &p.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeronce_own_threads_take_a_number_without_counting_as_live() {
+        let own = std::thread::spawn(|| {
+            mark_internal_thread();
+            let n = Number::take();
+            (n.counted, n.n)
+        })
+        .join()
+        .expect("an internal thread");
+        assert!(
+            !own.0,
+            "an internal thread is not a live user of slot {}",
+            own.1
+        );
+        let caller = std::thread::spawn(|| Number::take().counted)
+            .join()
+            .expect("a caller's thread");
+        assert!(caller, "a caller's thread counts");
     }
 }

@@ -25,17 +25,30 @@
 //!
 //! `favoured` only changes while `locked` is held, so a taker reads it once it holds the
 //! lock. A taker that is not a drainer ([`BiasedLock::try_lock`]) takes the favour away
-//! (two threads use the slot); [`BiasedLock::lock`], the drainers' way in, leaves it.
-//! A user that finds the favoured thread inside (after a short spin: preempted there)
-//! gives way, but ends the favour anyway, marking it *revoking*: from then on no thread
-//! enters favoured, and the next taker only waits for `inside` to clear (the taker that
-//! marked it saw it set, after its membarrier, and the next one's acquire of `locked`
-//! comes after that read), so one membarrier ends a favour however long its thread
-//! stays preempted. A thread that took the lock [`BiasedLock::rebias_after`] times in a
-//! row with nobody else between becomes the favoured one (if the caller's `alone` test
-//! agrees, [`BiasedLock::try_lock_favouring_if`]), and each revocation doubles that
-//! count, so threads that take turns on a slot cost at most one membarrier per 64 Ki
-//! takes.
+//! (two threads use the slot); [`BiasedLock::lock`], the drainers' way in, leaves it (and
+//! pays one membarrier a visit while a thread is favoured). A user that finds the
+//! favoured thread inside (after a short spin: preempted there) gives way, but ends the
+//! favour anyway, marking it *revoking*: from then on no thread enters favoured (an entry
+//! fenced after the marker's membarrier sees `locked` or the marker's release of it, and
+//! with it the mark), and the next taker only waits for `inside` to clear (the marker saw
+//! it set after its membarrier, and the next taker's acquire of `locked` comes after that
+//! read), so one membarrier ends a favour however long its thread stays preempted.
+//!
+//! **One writer of `inside`.** The argument needs `inside` written by one thread only,
+//! but a thread whose favour ended may still be between its load of `favoured` (its own
+//! token) and its stores to `inside`, preempted there; were the favour given to another
+//! thread meanwhile, its late "not inside" could land while the new one is inside. So
+//! each favour has an `owner`, and the favour goes to no other thread until the owner has
+//! been seen past that point: taking the lock on the shared side, or ending (a
+//! thread-exit hook clears what it owns, and the thread is never favoured again). That
+//! hook keeps a reference to the lock, so only a `'static` lock favours
+//! ([`BiasedLock::try_lock_unfavoured`] is the plain test-and-set way in for the others).
+//!
+//! A thread that took the lock [`BiasedLock::rebias_after`] times in a row (visits not
+//! counted) becomes the favoured one, if no other thread owns the favour and the
+//! caller's `alone` test agrees ([`BiasedLock::try_lock_favouring_if`]). Each revocation
+//! doubles that count, so users that take turns on a lock cost at most one membarrier
+//! per 64 Ki takes.
 //!
 //! Where `membarrier` cannot be registered (an old kernel, a seccomp filter, Miri), no
 //! thread is ever favoured and the lock is a plain test-and-set lock.
@@ -64,8 +77,14 @@ const REVOKING: u64 = u64::MAX;
 pub struct BiasedLock<T> {
     /// Held by a taker that is not the favoured thread inside.
     locked: AtomicBool,
-    /// The favoured thread is inside: written only by that thread.
+    /// The favoured thread is inside: written only by the `owner` thread.
     inside: AtomicBool,
+    /// The one thread that may be favoured, 0 for any. A thread whose favour ended may
+    /// still be between its load of `favoured` (its own token) and its stores to `inside`
+    /// (preempted there), so the favour goes to no other thread until this one has been
+    /// seen past that point: taking the lock on the shared side (under `locked`), or
+    /// ending (its thread-exit hook, [`OWNS`], clears it).
+    owner: AtomicU64,
     /// The favoured thread's token, 0 for none; changes only while `locked` is held.
     favoured: AtomicU64,
     /// The last taker of `locked` and how many takes in a row it made (under `locked`).
@@ -88,6 +107,7 @@ impl<T> BiasedLock<T> {
         BiasedLock {
             locked: AtomicBool::new(false),
             inside: AtomicBool::new(false),
+            owner: AtomicU64::new(0),
             favoured: AtomicU64::new(0),
             last: AtomicU64::new(0),
             run: AtomicU32::new(0),
@@ -97,9 +117,10 @@ impl<T> BiasedLock<T> {
     }
 
     /// Takes the lock if no other thread holds it (nor this one: it is not reentrant).
-    /// A thread that is not favoured takes the favour away from the thread that is.
+    /// A thread that is not favoured takes the favour away from the thread that is. Only
+    /// a `'static` lock favours: its owner's thread-exit hook must be able to reach it.
     #[inline(always)]
-    pub fn try_lock(&self) -> Option<BiasedGuard<'_, T>> {
+    pub fn try_lock(&'static self) -> Option<BiasedGuard<'static, T>> {
         self.try_lock_favouring_if(|| true)
     }
 
@@ -108,12 +129,22 @@ impl<T> BiasedLock<T> {
     /// favours a thread only while no other live thread shares the slot: threads that
     /// take turns on one slot would pass the favour back and forth, a membarrier each).
     #[inline(always)]
-    pub fn try_lock_favouring_if(&self, alone: fn() -> bool) -> Option<BiasedGuard<'_, T>> {
+    pub fn try_lock_favouring_if(
+        &'static self,
+        alone: fn() -> bool,
+    ) -> Option<BiasedGuard<'static, T>> {
         let me = this_thread();
         if me != 0 && self.favoured.load(Relaxed) == me {
             return self.enter_favoured(me);
         }
-        self.try_take(me, Role::User(alone))
+        self.try_take(me, Role::User(alone, Some(&self.owner)))
+    }
+
+    /// Takes the lock if no other thread holds it, and never favours the caller: a plain
+    /// test-and-set lock (for a lock that is not `'static`).
+    #[inline]
+    pub fn try_lock_unfavoured(&self) -> Option<BiasedGuard<'_, T>> {
+        self.try_take(this_thread(), Role::User(|| false, None))
     }
 
     /// Takes the lock, waiting out its holder, and leaves the favour where it is: the way
@@ -168,6 +199,11 @@ impl<T> BiasedLock<T> {
         if self.locked.swap(true, Acquire) {
             return None;
         }
+        if me != 0 && self.owner.load(Relaxed) == me {
+            // On the shared side this thread read `favoured` as not its own: it writes
+            // `inside` no more until it is favoured again.
+            self.owner.store(0, Relaxed);
+        }
         let favoured = self.favoured.load(Relaxed);
         if favoured != 0 && favoured != me {
             if favoured != REVOKING {
@@ -181,7 +217,7 @@ impl<T> BiasedLock<T> {
                 // A user waits a little (the favoured thread is inside for one operation
                 // unless preempted there), then gives way as to any holder. The favour
                 // ends either way, so the next taker needs no membarrier.
-                Role::User(_) => self.left_soon(),
+                Role::User(..) => self.left_soon(),
                 Role::Visitor => {
                     while self.inside.load(Acquire) {
                         std::thread::yield_now();
@@ -189,7 +225,7 @@ impl<T> BiasedLock<T> {
                     true
                 }
             };
-            if matches!(role, Role::User(_)) || favoured == REVOKING {
+            if matches!(role, Role::User(..)) || favoured == REVOKING {
                 self.end_favour(if out { 0 } else { REVOKING });
             }
             if !out {
@@ -197,8 +233,8 @@ impl<T> BiasedLock<T> {
                 return None;
             }
         }
-        if let Role::User(alone) = role {
-            self.count_take(me, alone);
+        if let Role::User(alone, owner_word) = role {
+            self.count_take(me, alone, owner_word);
         }
         Some(BiasedGuard::new(self, Side::Locked))
     }
@@ -226,9 +262,11 @@ impl<T> BiasedLock<T> {
         self.favoured.store(to, Relaxed);
     }
 
-    /// Counts a take by `me` (under `locked`); favours `me` after enough in a row.
-    fn count_take(&self, me: u64, alone: fn() -> bool) {
-        if me == 0 {
+    /// Counts a take by `me` (under `locked`); favours `me` after enough in a row, if
+    /// no other thread owns the favour, `alone()` agrees and `me`'s exit hook can take
+    /// `owner_word` (this lock's, when it is `'static`).
+    fn count_take(&self, me: u64, alone: fn() -> bool, owner_word: Option<&'static AtomicU64>) {
+        if me == 0 || me == ENDED {
             return;
         }
         let run = if self.last.load(Relaxed) == me {
@@ -239,8 +277,13 @@ impl<T> BiasedLock<T> {
         };
         if run < self.rebias.load(Relaxed) {
             self.run.store(run, Relaxed);
-        } else if alone() && heavy_barrier_ready() {
-            // Seen by every later taker, which reads it after its acquire of `locked`.
+        } else if self.owner.load(Relaxed) == 0
+            && alone()
+            && heavy_barrier_ready()
+            && owner_word.is_some_and(owned_until_exit)
+        {
+            // Seen by every later taker, which reads them after its acquire of `locked`.
+            self.owner.store(me, Relaxed);
             self.favoured.store(me, Relaxed);
         } else {
             // Asked again after as many takes more, not at each.
@@ -253,8 +296,9 @@ impl<T> BiasedLock<T> {
 #[derive(Clone, Copy)]
 enum Role {
     /// A thread that uses the slot: takes the favour away, counts towards its own (if the
-    /// function says it is alone on the lock's slot).
-    User(fn() -> bool),
+    /// function says it is alone on the lock's slot, and the lock's `owner` word is
+    /// `'static`).
+    User(fn() -> bool, Option<&'static AtomicU64>),
     /// A drainer: waits, leaves the favour.
     Visitor,
 }
@@ -322,12 +366,49 @@ impl<T> Drop for BiasedGuard<'_, T> {
 }
 
 thread_local! {
-    /// The calling thread's token, 0 until first asked.
+    /// The calling thread's token, 0 until first asked, [`ENDED`] once its exit hook ran.
     static TOKEN: Cell<u64> = const { Cell::new(0) };
+    /// The `owner` words of the locks whose favour this thread owns, cleared when it ends.
+    static OWNS: Owns = const { Owns([const { Cell::new(None) }; OWNS_MOST]) };
 }
 
-/// The calling thread's token: never 0, never reused by another thread of the process
-/// (0 while the thread's locals are being destroyed: such a thread is never favoured).
+/// [`TOKEN`] of a thread whose exit hook ran: it is never favoured again (not
+/// [`REVOKING`], nor a token [`this_thread`] hands out).
+const ENDED: u64 = u64::MAX - 1;
+
+/// Locks a thread may own the favour of at once (one slot per kind of slot).
+const OWNS_MOST: usize = 4;
+
+/// A thread's owned `owner` words (see [`BiasedLock`]'s `owner`).
+struct Owns([Cell<Option<&'static AtomicU64>>; OWNS_MOST]);
+
+impl Drop for Owns {
+    /// The thread ends: from now on it is never favoured (its token reads as 0), so it
+    /// writes no `inside` again, and the favour of its locks may go to other threads.
+    fn drop(&mut self) {
+        let me = TOKEN.try_with(|t| t.replace(ENDED)).unwrap_or(0);
+        for word in self.0.iter().filter_map(Cell::get) {
+            // Only if still this thread's: a taker under `locked` may have cleared it.
+            let _ = word.compare_exchange(me, 0, Relaxed, Relaxed);
+        }
+    }
+}
+
+/// Records `word` for the calling thread's exit hook; `false` (do not favour it) when the
+/// thread's locals are going or it owns as many already.
+fn owned_until_exit(word: &'static AtomicU64) -> bool {
+    OWNS.try_with(|owns| {
+        let free = owns
+            .0
+            .iter()
+            .find(|c| c.get().is_none_or(|w| std::ptr::eq(w, word)));
+        free.map(|c| c.set(Some(word))).is_some()
+    })
+    .unwrap_or(false)
+}
+
+/// The calling thread's token: never 0, never reused by another thread of the process;
+/// [`ENDED`] once its exit hook ran, which no favour ever names.
 #[inline(always)]
 fn this_thread() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);

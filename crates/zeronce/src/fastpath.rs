@@ -6,9 +6,10 @@
 //! the same slot ([`crate::threads::slot_index`]), live threads are spread over them. As
 //! Linux's `pcp_spin_trylock`, a slot is only ever *tried*: a thread that finds its slot
 //! busy (another thread on it, or a drain) goes to the manager for that call instead of
-//! waiting, so no thread spins or sleeps on a slot on the allocation path. A slot is a
-//! [`zeronce_mem::BiasedLock`]: the thread that took it 64 times in a row with nobody
-//! else between is *favoured* and takes and gives it back with plain stores (no locked
+//! waiting, so no thread spins or sleeps on a slot on the allocation path. A slot's kept
+//! lists are behind a [`zeronce_mem::BiasedLock`] (its [`PcpCache`] behind a plain
+//! test-and-set one): the thread alone on the slot that took it 64 times in a row is
+//! *favoured* and takes and gives it back with plain stores (no locked
 //! instruction, which on x86 waits for the store buffer); any other thread takes it with
 //! one atomic swap and, while a thread is favoured, one `membarrier` that waits the
 //! favoured thread out. A second user of the slot takes the favour away; a drain (the
@@ -87,7 +88,7 @@ use zeronce_mm::{
 };
 
 use crate::claimed::ClaimedBytes;
-use crate::threads::{alone_on_my_slot, PerThread};
+use crate::threads::PerThread;
 use crate::zeroing::Lifecycle;
 
 mod drain;
@@ -450,11 +451,11 @@ impl<E: Keep> ThreadCaches<E> {
         used_pages: u64,
     ) -> Result<Allocation, AllocError> {
         let first = {
-            // The slot is tried only for an order it caches (for a thread not favoured,
-            // a try is a locked swap).
+            // The slot is tried only for an order it caches (a try is a locked swap: the
+            // caches are not `static`, so their locks favour no thread).
             let cached = !req.zeroed && order <= PCP_MAX_ORDER;
             match cached
-                .then(|| self.pcp.mine().try_lock_favouring_if(alone_on_my_slot))
+                .then(|| self.pcp.mine().try_lock_unfavoured())
                 .flatten()
             {
                 // Nothing to zero: the prefix does not matter.
@@ -475,7 +476,7 @@ impl<E: Keep> ThreadCaches<E> {
     /// slot free) or to the manager.
     pub(crate) fn free(&self, block: Block, hint: FreeHint) -> Result<(), FreeError> {
         if hint == FreeHint::Dirty && block.order <= PCP_MAX_ORDER {
-            if let Some(mut pcp) = self.pcp.mine().try_lock_favouring_if(alone_on_my_slot) {
+            if let Some(mut pcp) = self.pcp.mine().try_lock_unfavoured() {
                 return pcp.free(block, hint);
             }
         }

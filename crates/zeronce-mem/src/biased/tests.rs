@@ -2,8 +2,13 @@ use super::*;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
+/// A lock that lives as long as the test process (only `'static` locks favour).
+fn leaked<T>(data: T) -> &'static BiasedLock<T> {
+    Box::leak(Box::new(BiasedLock::new(data)))
+}
+
 /// Takes `lock` with `try_lock` until it has it.
-fn take<T>(lock: &BiasedLock<T>) -> BiasedGuard<'_, T> {
+fn take<T>(lock: &'static BiasedLock<T>) -> BiasedGuard<'static, T> {
     loop {
         if let Some(g) = lock.try_lock() {
             return g;
@@ -14,7 +19,7 @@ fn take<T>(lock: &BiasedLock<T>) -> BiasedGuard<'_, T> {
 
 #[test]
 fn a_thread_that_takes_it_often_enough_in_a_row_is_favoured() {
-    let lock = BiasedLock::new(0u64);
+    let lock = leaked(0u64);
     for _ in 0..lock.rebias_after() {
         let g = lock.try_lock().expect("nobody else holds it");
         assert!(
@@ -30,7 +35,7 @@ fn a_thread_that_takes_it_often_enough_in_a_row_is_favoured() {
 
 #[test]
 fn it_is_not_reentrant_on_either_side() {
-    let lock = BiasedLock::new(());
+    let lock = leaked(());
     for _ in 0..=lock.rebias_after() {
         let g = lock.try_lock().expect("free");
         assert!(
@@ -43,18 +48,18 @@ fn it_is_not_reentrant_on_either_side() {
 
 #[test]
 fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
-    let lock = Arc::new(BiasedLock::new(0u64));
+    let lock = leaked(0u64);
     for _ in 0..=lock.rebias_after() {
-        *take(&lock) += 1;
+        *take(lock) += 1;
     }
     if !heavy_barrier_ready() {
         return;
     }
     assert!(lock.favours_me());
     let first = lock.rebias_after();
-    let other = Arc::clone(&lock);
+    let other = lock;
     std::thread::spawn(move || {
-        let mut g = take(&other);
+        let mut g = take(other);
         assert!(!g.is_favoured());
         *g += 1;
     })
@@ -62,24 +67,24 @@ fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
     .expect("the other user");
     assert!(!lock.favours_me(), "revoked");
     assert_eq!(lock.rebias_after(), first * 2);
-    let g = take(&lock);
+    let g = take(lock);
     assert!(!g.is_favoured());
     assert_eq!(*g, u64::from(first) + 2);
 }
 
 #[test]
 fn a_visitor_leaves_the_favour() {
-    let lock = Arc::new(BiasedLock::new(0u64));
+    let lock = leaked(0u64);
     for _ in 0..=lock.rebias_after() {
-        *take(&lock) += 1;
+        *take(lock) += 1;
     }
     let favoured = lock.favours_me();
-    let other = Arc::clone(&lock);
+    let other = lock;
     std::thread::spawn(move || *other.lock() += 1)
         .join()
         .expect("the visitor");
     assert_eq!(lock.favours_me(), favoured);
-    assert_eq!(*take(&lock), u64::from(lock.rebias_after()) + 2);
+    assert_eq!(*take(lock), u64::from(lock.rebias_after()) + 2);
 }
 
 /// A counter whose increments are two separate steps with a pause between, so two
@@ -103,15 +108,15 @@ fn the_favoured_thread_visitors_and_other_users_exclude_each_other() {
 /// One try of the test above.
 fn three_lockers_count_exactly() {
     let rounds = if cfg!(miri) { 200 } else { 200_000 };
-    let lock = Arc::new(BiasedLock::new(0u64));
+    let lock = leaked(0u64);
     let favoured_takes = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     // The main user: earns the favour and keeps it between the others' visits.
     {
-        let (lock, favoured_takes) = (Arc::clone(&lock), Arc::clone(&favoured_takes));
+        let favoured_takes = Arc::clone(&favoured_takes);
         threads.push(std::thread::spawn(move || {
             for _ in 0..rounds {
-                let mut g = take(&lock);
+                let mut g = take(lock);
                 if g.is_favoured() {
                     favoured_takes.fetch_add(1, Relaxed);
                 }
@@ -121,7 +126,6 @@ fn three_lockers_count_exactly() {
     }
     // A drainer that visits now and then.
     {
-        let lock = Arc::clone(&lock);
         threads.push(std::thread::spawn(move || {
             for _ in 0..rounds / 20 {
                 slow_increment(&mut lock.lock());
@@ -134,10 +138,9 @@ fn three_lockers_count_exactly() {
     // Another user, a few times: it takes the favour away each time.
     const OTHER_TAKES: usize = 4;
     {
-        let lock = Arc::clone(&lock);
         threads.push(std::thread::spawn(move || {
             for _ in 0..OTHER_TAKES {
-                slow_increment(&mut take(&lock));
+                slow_increment(&mut take(lock));
                 for _ in 0..50 {
                     std::thread::yield_now();
                 }
@@ -148,7 +151,7 @@ fn three_lockers_count_exactly() {
         t.join().expect("a locker panicked");
     }
     let expected = rounds + rounds / 20 + OTHER_TAKES;
-    assert_eq!(*take(&lock), expected as u64, "an increment was lost");
+    assert_eq!(*take(lock), expected as u64, "an increment was lost");
     if heavy_barrier_ready() && !cfg!(miri) {
         assert!(
             favoured_takes.load(Relaxed) > 0,
@@ -159,7 +162,7 @@ fn three_lockers_count_exactly() {
 
 #[test]
 fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
-    let lock = BiasedLock::new(());
+    let lock = leaked(());
     for _ in 0..4 * lock.rebias_after() {
         let g = lock.try_lock_favouring_if(|| false).expect("free");
         assert!(!g.is_favoured());
@@ -170,23 +173,23 @@ fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
 #[test]
 fn a_user_that_finds_the_favoured_thread_inside_gives_way_and_ends_the_favour() {
     use std::sync::mpsc::channel;
-    let lock = Arc::new(BiasedLock::new(0u64));
+    let lock = leaked(0u64);
     for _ in 0..=lock.rebias_after() {
-        *take(&lock) += 1;
+        *take(lock) += 1;
     }
     if !heavy_barrier_ready() {
         return;
     }
-    let mut inside = take(&lock);
+    let mut inside = take(lock);
     assert!(inside.is_favoured());
     let (tx, rx) = channel();
-    let other = Arc::clone(&lock);
+    let other = lock;
     let user = std::thread::spawn(move || {
         // The favoured thread stays inside: this user gives way.
         assert!(other.try_lock().is_none());
         tx.send(()).expect("main waits");
         // Once it has left, the next take needs no favour of anybody's.
-        let mut g = take(&other);
+        let mut g = take(other);
         assert!(!g.is_favoured());
         *g += 1;
     });
@@ -198,5 +201,135 @@ fn a_user_that_finds_the_favoured_thread_inside_gives_way_and_ends_the_favour() 
     *inside += 1;
     drop(inside);
     user.join().expect("the user");
-    assert_eq!(*take(&lock), u64::from(FIRST_REBIAS) + 3);
+    assert_eq!(*take(lock), u64::from(FIRST_REBIAS) + 3);
+}
+
+/// Has `lock` taken `rounds` times by a new thread; whether that thread was favoured at
+/// the end.
+fn earn_on_a_new_thread(lock: &'static BiasedLock<()>, rounds: u32) -> bool {
+    std::thread::spawn(move || {
+        for _ in 0..rounds {
+            drop(take(lock));
+        }
+        lock.favours_me()
+    })
+    .join()
+    .expect("a taker")
+}
+
+#[test]
+fn the_favour_moves_on_only_once_its_owner_is_past_its_stores_or_gone() {
+    if !heavy_barrier_ready() || cfg!(miri) {
+        return;
+    }
+    let lock = leaked(());
+    // This thread earns it; another takes it away, but may not earn it while this one
+    // may still be inside `enter_favoured` (it is alive and was not seen past it).
+    for _ in 0..=lock.rebias_after() {
+        drop(take(lock));
+    }
+    assert!(lock.favours_me());
+    assert!(!earn_on_a_new_thread(lock, 4 * lock.rebias_after()));
+    assert!(!lock.favours_me(), "taken away");
+    // Seen on the shared side, this thread frees the favour for others.
+    drop(take(lock));
+    assert!(earn_on_a_new_thread(lock, 4 * lock.rebias_after()));
+    // That thread has ended: its exit hook freed the favour it still owned.
+    assert!(earn_on_a_new_thread(lock, 4 * lock.rebias_after()));
+}
+
+/// A thread whose favour has ended may still be between its load of `favoured` (at the
+/// top of `try_lock_favouring_if`, seeing its own token) and its stores to `inside` in
+/// `enter_favoured` (preempted there while the favour moved on). `enter_favoured(old)`
+/// below is exactly what that thread runs when it resumes. Were the favour given to
+/// another thread meanwhile, its back-off store of `inside = false` could land while the
+/// new favoured thread is inside, and a visitor would then read `inside == false` after
+/// its membarrier and enter beside it. (Found in review; the favour's `owner` rule.)
+#[test]
+fn a_thread_whose_favour_ended_does_not_clear_the_new_favoured_threads_inside() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+    if !heavy_barrier_ready() || cfg!(miri) {
+        return;
+    }
+    let lock = leaked(());
+    // E earns the favour, then G takes it away and tries to earn it in turn. E stays
+    // alive (a thread whose favour ended, that may be preempted in its window).
+    let (e_tx, e_rx) = std::sync::mpsc::channel();
+    let (e_done_tx, e_done_rx) = std::sync::mpsc::channel::<()>();
+    let e_thread = std::thread::spawn(move || {
+        for _ in 0..=lock.rebias_after() {
+            drop(take(lock));
+        }
+        assert!(lock.favours_me());
+        e_tx.send(this_thread()).expect("main waits");
+        e_done_rx.recv().expect("main ends E");
+    });
+    let e = e_rx.recv().expect("E's token");
+    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let busy: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let overlaps: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+    let clobbers: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    // G: in and out with plain stores, if it was made the favoured thread.
+    let g = std::thread::spawn(move || {
+        for _ in 0..4 * lock.rebias_after() {
+            drop(take(lock));
+        }
+        let favoured = lock.favours_me();
+        ready_tx.send(favoured).expect("main waits");
+        while favoured && !stop.load(Relaxed) {
+            let Some(guard) = lock.try_lock() else {
+                continue;
+            };
+            if busy.swap(true, Acquire) {
+                overlaps.fetch_add(1, Relaxed);
+            }
+            for _ in 0..2000 {
+                std::hint::spin_loop();
+            }
+            if guard.is_favoured() && !lock.inside.load(Relaxed) {
+                clobbers.fetch_add(1, Relaxed);
+            }
+            busy.store(false, Release);
+            drop(guard);
+            for _ in 0..200 {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let g_favoured = ready_rx.recv().expect("G tried");
+    // E resuming its stale attempt again and again (see above).
+    let old = std::thread::spawn(move || {
+        while !stop.load(Relaxed) {
+            assert!(lock.enter_favoured(e).is_none(), "E is not favoured");
+        }
+    });
+    // A drainer visiting (leaves any favour).
+    let deadline = Instant::now() + Duration::from_millis(if g_favoured { 3000 } else { 300 });
+    while Instant::now() < deadline && overlaps.load(Relaxed) == 0 {
+        let guard = lock.lock();
+        if busy.swap(true, Acquire) {
+            overlaps.fetch_add(1, Relaxed);
+        }
+        for _ in 0..200 {
+            std::hint::spin_loop();
+        }
+        busy.store(false, Release);
+        drop(guard);
+    }
+    stop.store(true, Relaxed);
+    g.join().expect("G");
+    old.join().expect("E again");
+    e_done_tx.send(()).expect("E waits");
+    e_thread.join().expect("E");
+    assert!(
+        !g_favoured,
+        "the favour moved to G while E was alive and not seen past its window"
+    );
+    assert_eq!(
+        (overlaps.load(Relaxed), clobbers.load(Relaxed)),
+        (0, 0),
+        "(two holders at once, G inside with `inside` cleared)"
+    );
 }

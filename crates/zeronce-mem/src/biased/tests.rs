@@ -2,9 +2,13 @@ use super::*;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-/// A lock that lives as long as the test process (only `'static` locks favour).
-fn leaked<T>(data: T) -> &'static BiasedLock<T> {
-    Box::leak(Box::new(BiasedLock::new(data)))
+/// A lock of its own for the test (a `static` at the call site: only `'static` locks
+/// favour, and a leaked box would be a leak to Miri).
+macro_rules! static_lock {
+    ($t:ty, $v:expr) => {{
+        static LOCK: BiasedLock<$t> = BiasedLock::new($v);
+        &LOCK
+    }};
 }
 
 /// Takes `lock` with `try_lock` until it has it.
@@ -19,7 +23,7 @@ fn take<T>(lock: &'static BiasedLock<T>) -> BiasedGuard<'static, T> {
 
 #[test]
 fn a_thread_that_takes_it_often_enough_in_a_row_is_favoured() {
-    let lock = leaked(0u64);
+    let lock = static_lock!(u64, 0);
     for _ in 0..lock.rebias_after() {
         let g = lock.try_lock().expect("nobody else holds it");
         assert!(
@@ -35,7 +39,7 @@ fn a_thread_that_takes_it_often_enough_in_a_row_is_favoured() {
 
 #[test]
 fn it_is_not_reentrant_on_either_side() {
-    let lock = leaked(());
+    let lock = static_lock!((), ());
     for _ in 0..=lock.rebias_after() {
         let g = lock.try_lock().expect("free");
         assert!(
@@ -48,7 +52,7 @@ fn it_is_not_reentrant_on_either_side() {
 
 #[test]
 fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
-    let lock = leaked(0u64);
+    let lock = static_lock!(u64, 0);
     for _ in 0..=lock.rebias_after() {
         *take(lock) += 1;
     }
@@ -74,7 +78,7 @@ fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
 
 #[test]
 fn a_visitor_leaves_the_favour() {
-    let lock = leaked(0u64);
+    let lock = static_lock!(u64, 0);
     for _ in 0..=lock.rebias_after() {
         *take(lock) += 1;
     }
@@ -100,15 +104,15 @@ fn slow_increment(n: &mut u64) {
 #[test]
 fn the_favoured_thread_visitors_and_other_users_exclude_each_other() {
     // A lost increment needs two holders at once at the wrong moment: several tries.
-    for _ in 0..if cfg!(miri) { 1 } else { 6 } {
-        three_lockers_count_exactly();
+    static LOCKS: [BiasedLock<u64>; 6] = [const { BiasedLock::new(0) }; 6];
+    for lock in &LOCKS[..if cfg!(miri) { 1 } else { 6 }] {
+        three_lockers_count_exactly(lock);
     }
 }
 
 /// One try of the test above.
-fn three_lockers_count_exactly() {
+fn three_lockers_count_exactly(lock: &'static BiasedLock<u64>) {
     let rounds = if cfg!(miri) { 200 } else { 200_000 };
-    let lock = leaked(0u64);
     let favoured_takes = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
     // The main user: earns the favour and keeps it between the others' visits.
@@ -162,7 +166,7 @@ fn three_lockers_count_exactly() {
 
 #[test]
 fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
-    let lock = leaked(());
+    let lock = static_lock!((), ());
     for _ in 0..4 * lock.rebias_after() {
         let g = lock.try_lock_favouring_if(|| false).expect("free");
         assert!(!g.is_favoured());
@@ -173,7 +177,7 @@ fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
 #[test]
 fn a_user_that_finds_the_favoured_thread_inside_gives_way_and_ends_the_favour() {
     use std::sync::mpsc::channel;
-    let lock = leaked(0u64);
+    let lock = static_lock!(u64, 0);
     for _ in 0..=lock.rebias_after() {
         *take(lock) += 1;
     }
@@ -222,7 +226,7 @@ fn the_favour_moves_on_only_once_its_owner_is_past_its_stores_or_gone() {
     if !heavy_barrier_ready() || cfg!(miri) {
         return;
     }
-    let lock = leaked(());
+    let lock = static_lock!((), ());
     // This thread earns it; another takes it away, but may not earn it while this one
     // may still be inside `enter_favoured` (it is alive and was not seen past it).
     for _ in 0..=lock.rebias_after() {
@@ -252,7 +256,7 @@ fn a_thread_whose_favour_ended_does_not_clear_the_new_favoured_threads_inside() 
     if !heavy_barrier_ready() || cfg!(miri) {
         return;
     }
-    let lock = leaked(());
+    let lock = static_lock!((), ());
     // E earns the favour, then G takes it away and tries to earn it in turn. E stays
     // alive (a thread whose favour ended, that may be preempted in its window).
     let (e_tx, e_rx) = std::sync::mpsc::channel();
@@ -266,10 +270,11 @@ fn a_thread_whose_favour_ended_does_not_clear_the_new_favoured_threads_inside() 
         e_done_rx.recv().expect("main ends E");
     });
     let e = e_rx.recv().expect("E's token");
-    let stop: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let busy: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
-    let overlaps: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
-    let clobbers: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static BUSY: AtomicBool = AtomicBool::new(false);
+    static OVERLAPS: AtomicUsize = AtomicUsize::new(0);
+    static CLOBBERS: AtomicUsize = AtomicUsize::new(0);
+    let (stop, busy, overlaps, clobbers) = (&STOP, &BUSY, &OVERLAPS, &CLOBBERS);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     // G: in and out with plain stores, if it was made the favoured thread.
     let g = std::thread::spawn(move || {

@@ -7,9 +7,10 @@
 //! stays on the slot. Almost always the thread taking a slot is the one that took it
 //! last, so the slot is *biased* to that thread, as the JVM biased its monitors:
 //!
-//! - **The favoured thread** enters with a plain store of its own `inside` flag, a
-//!   compiler fence and two loads (`locked`, then `favoured` again), and leaves with a
-//!   plain store. No locked instruction, no fence instruction.
+//! - **The favoured thread** enters with a load of its own `inside` flag (set: it is
+//!   inside already), a plain store of it, a compiler fence and two loads (`locked`, then
+//!   `favoured` again), and leaves with a plain store. No locked instruction, no fence
+//!   instruction.
 //! - **Everyone else** takes `locked` with a swap, as a test-and-set lock. If a thread is
 //!   favoured, the taker then runs `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which
 //!   puts a full memory barrier into every running thread of the process, and waits until
@@ -39,10 +40,21 @@
 //! token) and its stores to `inside`, preempted there; were the favour given to another
 //! thread meanwhile, its late "not inside" could land while the new one is inside. So
 //! each favour has an `owner`, and the favour goes to no other thread until the owner has
-//! been seen past that point: taking the lock on the shared side, or ending (a
-//! thread-exit hook clears what it owns, and the thread is never favoured again). That
-//! hook keeps a reference to the lock, so only a `'static` lock favours
+//! been seen past that point: reading `favoured` not its own while it holds `locked`, or
+//! ending (a thread-exit hook clears what it owns, and the thread is never favoured
+//! again). That hook keeps a reference to the lock, so only a `'static` lock favours
 //! ([`BiasedLock::try_lock_unfavoured`] is the plain test-and-set way in for the others).
+//! An owner that lives on without taking the lock the shared way again keeps the lock
+//! from favouring anyone else while it lives (for the per-CPU slots nothing is lost: the
+//! owner is a live thread on the slot, so no other is alone there).
+//!
+//! **`fork`.** A child inherits every flag. A lock favoured to a parent thread that did
+//! not fork is never favoured again in the child; one whose `inside` was set in the
+//! parent (a thread inside, or backing off) stays taken in the child, as a test-and-set
+//! lock taken across a `fork` does. zeronce's global allocators hold callers' large calls
+//! out of the slots across a `fork` (their fork gate), so no caller leaves a slot taken or
+//! half-entered in the child; a slot favoured to a parent thread that did not fork only
+//! loses its bias there.
 //!
 //! A thread that took the lock [`BiasedLock::rebias_after`] times in a row (visits not
 //! counted) becomes the favoured one, if no other thread owns the favour and the
@@ -77,7 +89,8 @@ const REVOKING: u64 = u64::MAX;
 pub struct BiasedLock<T> {
     /// Held by a taker that is not the favoured thread inside.
     locked: AtomicBool,
-    /// The favoured thread is inside: written only by the `owner` thread.
+    /// The favoured thread is inside: written only by the `owner` thread (by nobody while
+    /// `owner` is 0).
     inside: AtomicBool,
     /// The one thread that may be favoured, 0 for any. A thread whose favour ended may
     /// still be between its load of `favoured` (its own token) and its stores to `inside`
@@ -147,8 +160,9 @@ impl<T> BiasedLock<T> {
         self.try_take(this_thread(), Role::User(|| false, None))
     }
 
-    /// Takes the lock, waiting out its holder, and leaves the favour where it is: the way
-    /// in of a thread that visits every slot now and then (a drain).
+    /// Takes the lock, waiting out its holder, and leaves the favour where it is (a favour
+    /// being revoked it finishes revoking): the way in of a thread that visits every slot
+    /// now and then (a drain).
     pub fn lock(&self) -> BiasedGuard<'_, T> {
         let me = this_thread();
         loop {
@@ -199,12 +213,12 @@ impl<T> BiasedLock<T> {
         if self.locked.swap(true, Acquire) {
             return None;
         }
-        if me != 0 && self.owner.load(Relaxed) == me {
-            // On the shared side this thread read `favoured` as not its own: it writes
-            // `inside` no more until it is favoured again.
+        let favoured = self.favoured.load(Relaxed);
+        if me != 0 && favoured != me && self.owner.load(Relaxed) == me {
+            // Under `locked` this thread read `favoured` as not its own (only it writes
+            // its token there): it writes `inside` no more until it is favoured again.
             self.owner.store(0, Relaxed);
         }
-        let favoured = self.favoured.load(Relaxed);
         if favoured != 0 && favoured != me {
             if favoured != REVOKING {
                 // The favoured thread may be inside unseen: the heavy half of the fence.
@@ -277,10 +291,10 @@ impl<T> BiasedLock<T> {
         };
         if run < self.rebias.load(Relaxed) {
             self.run.store(run, Relaxed);
-        } else if self.owner.load(Relaxed) == 0
+        } else if self.owner.load(Acquire) == 0
             && alone()
             && heavy_barrier_ready()
-            && owner_word.is_some_and(owned_until_exit)
+            && owner_word.is_some_and(|w| owned_until_exit(w, me))
         {
             // Seen by every later taker, which reads them after its acquire of `locked`.
             self.owner.store(me, Relaxed);
@@ -376,32 +390,35 @@ thread_local! {
 /// [`REVOKING`], nor a token [`this_thread`] hands out).
 const ENDED: u64 = u64::MAX - 1;
 
-/// Locks a thread may own the favour of at once (one slot per kind of slot).
+/// Locks a thread may own the favour of at once (one slot per kind of slot); a cell whose
+/// lock's favour went to another owner is used again.
 const OWNS_MOST: usize = 4;
 
 /// A thread's owned `owner` words (see [`BiasedLock`]'s `owner`).
 struct Owns([Cell<Option<&'static AtomicU64>>; OWNS_MOST]);
 
 impl Drop for Owns {
-    /// The thread ends: from now on it is never favoured (its token reads as 0), so it
-    /// writes no `inside` again, and the favour of its locks may go to other threads.
+    /// The thread ends: from now on it is never favoured (its token reads as [`ENDED`]),
+    /// so it writes no `inside` again, and the favour of its locks may go to others.
     fn drop(&mut self) {
         let me = TOKEN.try_with(|t| t.replace(ENDED)).unwrap_or(0);
         for word in self.0.iter().filter_map(Cell::get) {
             // Only if still this thread's: a taker under `locked` may have cleared it.
-            let _ = word.compare_exchange(me, 0, Relaxed, Relaxed);
+            // Release: the next owner (its acquire in `count_take`) sees this thread's last
+            // `inside = false` before it stores its own.
+            let _ = word.compare_exchange(me, 0, Release, Relaxed);
         }
     }
 }
 
-/// Records `word` for the calling thread's exit hook; `false` (do not favour it) when the
-/// thread's locals are going or it owns as many already.
-fn owned_until_exit(word: &'static AtomicU64) -> bool {
+/// Records `word` for the exit hook of the calling thread (`me`); `false` (do not favour
+/// it) when the thread's locals are going or it owns as many already.
+fn owned_until_exit(word: &'static AtomicU64, me: u64) -> bool {
     OWNS.try_with(|owns| {
-        let free = owns
-            .0
-            .iter()
-            .find(|c| c.get().is_none_or(|w| std::ptr::eq(w, word)));
+        let free = owns.0.iter().find(|c| {
+            c.get()
+                .is_none_or(|w| std::ptr::eq(w, word) || w.load(Relaxed) != me)
+        });
         free.map(|c| c.set(Some(word))).is_some()
     })
     .unwrap_or(false)

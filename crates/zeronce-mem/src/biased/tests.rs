@@ -251,12 +251,44 @@ fn the_favour_moves_on_only_once_its_owner_is_past_its_stores_or_gone() {
 /// its membarrier and enter beside it. (Found in review; the favour's `owner` rule.)
 #[test]
 fn a_thread_whose_favour_ended_does_not_clear_the_new_favoured_threads_inside() {
+    replay_a_late_entry(static_lock!((), ()), false);
+}
+
+/// The same, where the old favoured thread took the lock the unfavoured way while it was
+/// favoured: that does not show it past its window (found in a second review).
+#[test]
+fn a_late_entry_after_an_unfavoured_take_does_not_clear_the_new_favoured_threads_inside() {
+    replay_a_late_entry(static_lock!((), ()), true);
+}
+
+#[test]
+fn an_unfavoured_take_by_the_favoured_thread_keeps_its_ownership() {
+    if !heavy_barrier_ready() || cfg!(miri) {
+        return;
+    }
+    let lock = static_lock!((), ());
+    for _ in 0..=lock.rebias_after() {
+        drop(take(lock));
+    }
+    assert!(lock.favours_me());
+    // Still favoured: this take says nothing about where this thread's next `try_lock`
+    // will be (it may read `favoured == me` and be preempted).
+    drop(lock.try_lock_unfavoured().expect("free"));
+    assert!(lock.favours_me());
+    assert!(
+        !earn_on_a_new_thread(lock, 4 * lock.rebias_after()),
+        "the favour moved while its old owner is alive and was not seen past its window"
+    );
+}
+
+/// One replay (see the test above); `unfavoured_take`: the old favoured thread also
+/// took the lock the unfavoured way while favoured.
+fn replay_a_late_entry(lock: &'static BiasedLock<()>, unfavoured_take: bool) {
     use std::sync::atomic::AtomicBool;
     use std::time::{Duration, Instant};
     if !heavy_barrier_ready() || cfg!(miri) {
         return;
     }
-    let lock = static_lock!((), ());
     // E earns the favour, then G takes it away and tries to earn it in turn. E stays
     // alive (a thread whose favour ended, that may be preempted in its window).
     let (e_tx, e_rx) = std::sync::mpsc::channel();
@@ -266,66 +298,67 @@ fn a_thread_whose_favour_ended_does_not_clear_the_new_favoured_threads_inside() 
             drop(take(lock));
         }
         assert!(lock.favours_me());
+        if unfavoured_take {
+            drop(lock.try_lock_unfavoured().expect("free"));
+        }
         e_tx.send(this_thread()).expect("main waits");
         e_done_rx.recv().expect("main ends E");
     });
     let e = e_rx.recv().expect("E's token");
-    static STOP: AtomicBool = AtomicBool::new(false);
-    static BUSY: AtomicBool = AtomicBool::new(false);
-    static OVERLAPS: AtomicUsize = AtomicUsize::new(0);
-    static CLOBBERS: AtomicUsize = AtomicUsize::new(0);
-    let (stop, busy, overlaps, clobbers) = (&STOP, &BUSY, &OVERLAPS, &CLOBBERS);
+    let (stop, busy) = (AtomicBool::new(false), AtomicBool::new(false));
+    let (overlaps, clobbers) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    // G: in and out with plain stores, if it was made the favoured thread.
-    let g = std::thread::spawn(move || {
-        for _ in 0..4 * lock.rebias_after() {
-            drop(take(lock));
-        }
-        let favoured = lock.favours_me();
-        ready_tx.send(favoured).expect("main waits");
-        while favoured && !stop.load(Relaxed) {
-            let Some(guard) = lock.try_lock() else {
-                continue;
-            };
+    let g_favoured = std::thread::scope(|scope| {
+        // G: in and out with plain stores, if it was made the favoured thread.
+        scope.spawn(|| {
+            for _ in 0..4 * lock.rebias_after() {
+                drop(take(lock));
+            }
+            let favoured = lock.favours_me();
+            ready_tx.send(favoured).expect("main waits");
+            while favoured && !stop.load(Relaxed) {
+                let Some(guard) = lock.try_lock() else {
+                    continue;
+                };
+                if busy.swap(true, Acquire) {
+                    overlaps.fetch_add(1, Relaxed);
+                }
+                for _ in 0..2000 {
+                    std::hint::spin_loop();
+                }
+                if guard.is_favoured() && !lock.inside.load(Relaxed) {
+                    clobbers.fetch_add(1, Relaxed);
+                }
+                busy.store(false, Release);
+                drop(guard);
+                for _ in 0..200 {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let g_favoured = ready_rx.recv().expect("G tried");
+        // E resuming its stale attempt again and again (see above).
+        scope.spawn(|| {
+            while !stop.load(Relaxed) {
+                assert!(lock.enter_favoured(e).is_none(), "E is not favoured");
+            }
+        });
+        // A drainer visiting (leaves any favour).
+        let deadline = Instant::now() + Duration::from_millis(if g_favoured { 3000 } else { 300 });
+        while Instant::now() < deadline && overlaps.load(Relaxed) == 0 {
+            let guard = lock.lock();
             if busy.swap(true, Acquire) {
                 overlaps.fetch_add(1, Relaxed);
             }
-            for _ in 0..2000 {
-                std::hint::spin_loop();
-            }
-            if guard.is_favoured() && !lock.inside.load(Relaxed) {
-                clobbers.fetch_add(1, Relaxed);
-            }
-            busy.store(false, Release);
-            drop(guard);
             for _ in 0..200 {
                 std::hint::spin_loop();
             }
+            busy.store(false, Release);
+            drop(guard);
         }
+        stop.store(true, Relaxed);
+        g_favoured
     });
-    let g_favoured = ready_rx.recv().expect("G tried");
-    // E resuming its stale attempt again and again (see above).
-    let old = std::thread::spawn(move || {
-        while !stop.load(Relaxed) {
-            assert!(lock.enter_favoured(e).is_none(), "E is not favoured");
-        }
-    });
-    // A drainer visiting (leaves any favour).
-    let deadline = Instant::now() + Duration::from_millis(if g_favoured { 3000 } else { 300 });
-    while Instant::now() < deadline && overlaps.load(Relaxed) == 0 {
-        let guard = lock.lock();
-        if busy.swap(true, Acquire) {
-            overlaps.fetch_add(1, Relaxed);
-        }
-        for _ in 0..200 {
-            std::hint::spin_loop();
-        }
-        busy.store(false, Release);
-        drop(guard);
-    }
-    stop.store(true, Relaxed);
-    g.join().expect("G");
-    old.join().expect("E again");
     e_done_tx.send(()).expect("E waits");
     e_thread.join().expect("E");
     assert!(

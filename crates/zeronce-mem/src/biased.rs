@@ -208,7 +208,7 @@ impl<T> BiasedLock<T> {
     }
 
     /// Everyone else's way in: the swap, then the favoured thread waited out.
-    #[inline(never)]
+    #[inline]
     fn try_take(&self, me: u64, role: Role) -> Option<BiasedGuard<'_, T>> {
         if self.locked.swap(true, Acquire) {
             return None;

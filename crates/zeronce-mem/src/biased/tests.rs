@@ -21,6 +21,19 @@ fn take<T>(lock: &'static BiasedLock<T>) -> BiasedGuard<'static, T> {
     }
 }
 
+/// Takes `lock` as many times in a row as earn the favour, doing `each` under each take.
+fn earn<T>(lock: &'static BiasedLock<T>, mut each: impl FnMut(&mut T)) {
+    for _ in 0..=lock.rebias_after() {
+        each(&mut take(lock));
+    }
+}
+
+/// Whether the favoured side can run here (Miri and a kernel without membarrier never
+/// favour): the tests of what a favour does return early without it.
+fn favours_here() -> bool {
+    heavy_barrier_ready() && !cfg!(miri)
+}
+
 #[test]
 fn a_thread_that_takes_it_often_enough_in_a_row_is_favoured() {
     let lock = static_lock!(u64, 0);
@@ -53,9 +66,7 @@ fn it_is_not_reentrant_on_either_side() {
 #[test]
 fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
     let lock = static_lock!(u64, 0);
-    for _ in 0..=lock.rebias_after() {
-        *take(lock) += 1;
-    }
+    earn(lock, |n| *n += 1);
     if !heavy_barrier_ready() {
         return;
     }
@@ -79,9 +90,7 @@ fn another_user_takes_the_favour_away_and_it_is_harder_to_earn_again() {
 #[test]
 fn a_visitor_leaves_the_favour() {
     let lock = static_lock!(u64, 0);
-    for _ in 0..=lock.rebias_after() {
-        *take(lock) += 1;
-    }
+    earn(lock, |n| *n += 1);
     let favoured = lock.favours_me();
     let other = lock;
     std::thread::spawn(move || *other.lock() += 1)
@@ -178,9 +187,7 @@ fn a_thread_the_caller_says_is_not_alone_is_never_favoured() {
 fn a_user_that_finds_the_favoured_thread_inside_gives_way_and_ends_the_favour() {
     use std::sync::mpsc::channel;
     let lock = static_lock!(u64, 0);
-    for _ in 0..=lock.rebias_after() {
-        *take(lock) += 1;
-    }
+    earn(lock, |n| *n += 1);
     if !heavy_barrier_ready() {
         return;
     }
@@ -223,15 +230,13 @@ fn earn_on_a_new_thread(lock: &'static BiasedLock<()>, rounds: u32) -> bool {
 
 #[test]
 fn the_favour_moves_on_only_once_its_owner_is_past_its_stores_or_gone() {
-    if !heavy_barrier_ready() || cfg!(miri) {
+    if !favours_here() {
         return;
     }
     let lock = static_lock!((), ());
     // This thread earns it; another takes it away, but may not earn it while this one
     // may still be inside `enter_favoured` (it is alive and was not seen past it).
-    for _ in 0..=lock.rebias_after() {
-        drop(take(lock));
-    }
+    earn(lock, |_| ());
     assert!(lock.favours_me());
     assert!(!earn_on_a_new_thread(lock, 4 * lock.rebias_after()));
     assert!(!lock.favours_me(), "taken away");
@@ -263,13 +268,11 @@ fn a_late_entry_after_an_unfavoured_take_does_not_clear_the_new_favoured_threads
 
 #[test]
 fn an_unfavoured_take_by_the_favoured_thread_keeps_its_ownership() {
-    if !heavy_barrier_ready() || cfg!(miri) {
+    if !favours_here() {
         return;
     }
     let lock = static_lock!((), ());
-    for _ in 0..=lock.rebias_after() {
-        drop(take(lock));
-    }
+    earn(lock, |_| ());
     assert!(lock.favours_me());
     // Still favoured: this take says nothing about where this thread's next `try_lock`
     // will be (it may read `favoured == me` and be preempted).
@@ -286,7 +289,7 @@ fn an_unfavoured_take_by_the_favoured_thread_keeps_its_ownership() {
 fn replay_a_late_entry(lock: &'static BiasedLock<()>, unfavoured_take: bool) {
     use std::sync::atomic::AtomicBool;
     use std::time::{Duration, Instant};
-    if !heavy_barrier_ready() || cfg!(miri) {
+    if !favours_here() {
         return;
     }
     // E earns the favour, then G takes it away and tries to earn it in turn. E stays
@@ -294,9 +297,7 @@ fn replay_a_late_entry(lock: &'static BiasedLock<()>, unfavoured_take: bool) {
     let (e_tx, e_rx) = std::sync::mpsc::channel();
     let (e_done_tx, e_done_rx) = std::sync::mpsc::channel::<()>();
     let e_thread = std::thread::spawn(move || {
-        for _ in 0..=lock.rebias_after() {
-            drop(take(lock));
-        }
+        earn(lock, |_| ());
         assert!(lock.favours_me());
         if unfavoured_take {
             drop(lock.try_lock_unfavoured().expect("free"));

@@ -147,17 +147,21 @@ impl<T> BiasedLock<T> {
         alone: fn() -> bool,
     ) -> Option<BiasedGuard<'static, T>> {
         let me = this_thread();
-        if me != 0 && self.favoured.load(Relaxed) == me {
+        if self.favours(me) {
             return self.enter_favoured(me);
         }
-        self.try_take(me, Role::User(alone, Some(&self.owner)))
+        let favouring = Favouring {
+            alone,
+            owner: &self.owner,
+        };
+        self.try_take(me, Role::User(Some(favouring)))
     }
 
     /// Takes the lock if no other thread holds it, and never favours the caller: a plain
     /// test-and-set lock (for a lock that is not `'static`).
     #[inline]
     pub fn try_lock_unfavoured(&self) -> Option<BiasedGuard<'_, T>> {
-        self.try_take(this_thread(), Role::User(|| false, None))
+        self.try_take(this_thread(), Role::User(None))
     }
 
     /// Takes the lock, waiting out its holder, and leaves the favour where it is (a favour
@@ -166,7 +170,7 @@ impl<T> BiasedLock<T> {
     pub fn lock(&self) -> BiasedGuard<'_, T> {
         let me = this_thread();
         loop {
-            if me != 0 && self.favoured.load(Relaxed) == me {
+            if self.favours(me) {
                 if let Some(g) = self.enter_favoured(me) {
                     return g;
                 }
@@ -179,7 +183,12 @@ impl<T> BiasedLock<T> {
 
     /// Whether the calling thread is the favoured one.
     pub fn favours_me(&self) -> bool {
-        let me = this_thread();
+        self.favours(this_thread())
+    }
+
+    /// Whether the thread of token `me` is the favoured one (0: a thread that has none).
+    #[inline(always)]
+    fn favours(&self, me: u64) -> bool {
         me != 0 && self.favoured.load(Relaxed) == me
     }
 
@@ -247,8 +256,8 @@ impl<T> BiasedLock<T> {
                 return None;
             }
         }
-        if let Role::User(alone, owner_word) = role {
-            self.count_take(me, alone, owner_word);
+        if let Role::User(Some(favouring)) = role {
+            self.count_take(me, favouring);
         }
         Some(BiasedGuard::new(self, Side::Locked))
     }
@@ -278,8 +287,8 @@ impl<T> BiasedLock<T> {
 
     /// Counts a take by `me` (under `locked`); favours `me` after enough in a row, if
     /// no other thread owns the favour, `alone()` agrees and `me`'s exit hook can take
-    /// `owner_word` (this lock's, when it is `'static`).
-    fn count_take(&self, me: u64, alone: fn() -> bool, owner_word: Option<&'static AtomicU64>) {
+    /// this lock's `owner` word.
+    fn count_take(&self, me: u64, Favouring { alone, owner }: Favouring) {
         if me == 0 || me == ENDED {
             return;
         }
@@ -294,7 +303,7 @@ impl<T> BiasedLock<T> {
         } else if self.owner.load(Acquire) == 0
             && alone()
             && heavy_barrier_ready()
-            && owner_word.is_some_and(|w| owned_until_exit(w, me))
+            && owned_until_exit(owner, me)
         {
             // Seen by every later taker, which reads them after its acquire of `locked`.
             self.owner.store(me, Relaxed);
@@ -309,12 +318,20 @@ impl<T> BiasedLock<T> {
 /// Who takes the lock on the shared side.
 #[derive(Clone, Copy)]
 enum Role {
-    /// A thread that uses the slot: takes the favour away, counts towards its own (if the
-    /// function says it is alone on the lock's slot, and the lock's `owner` word is
-    /// `'static`).
-    User(fn() -> bool, Option<&'static AtomicU64>),
+    /// A thread that uses the slot: takes the favour away. With the `alone` test and the
+    /// lock's `owner` word as `'static` (a lock that may favour), its takes count towards
+    /// its own favour; without, nothing is counted (a plain test-and-set take).
+    User(Option<Favouring>),
     /// A drainer: waits, leaves the favour.
     Visitor,
+}
+
+/// What a take needs to count towards a favour: the caller's `alone` test and the lock's
+/// `owner` word, reached as `'static` (the owner's exit hook keeps it).
+#[derive(Clone, Copy)]
+struct Favouring {
+    alone: fn() -> bool,
+    owner: &'static AtomicU64,
 }
 
 /// Which way the guard's holder came in.

@@ -290,7 +290,7 @@ impl<E: Keep> ThreadCaches<E> {
     /// caller when its order is not kept, its owner is closed, the slot keeps enough of
     /// that order or is busy.
     #[inline(always)]
-    pub(crate) fn keep(entry: E) -> Result<(), E> {
+    pub(crate) fn keep(mut entry: E) -> Result<(), E> {
         let order = entry.order();
         let Some(list) = list_of(order) else {
             return Err(entry);
@@ -317,14 +317,8 @@ impl<E: Keep> ThreadCaches<E> {
             // to the zone would have; the pass comes after the reporting delay.
             caches.kept_huge_block();
         }
-        // Marked reused where it lands: the entry is copied whole before any field of it
-        // is written, so the copy does not read back stores of another width (a
-        // store-forwarding stall a free).
-        let kept = guard.list(list);
-        kept.push(entry);
-        if let Some(e) = kept.last_mut() {
-            e.reuse();
-        }
+        entry.reuse();
+        guard.list(list).push(entry);
         Ok(())
     }
 

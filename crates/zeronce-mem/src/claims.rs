@@ -143,10 +143,17 @@ impl ClaimMap {
     /// among them): the claims [`ClaimMap::try_claim_groups`] takes together.
     #[inline]
     pub(crate) fn whole_groups(first: usize, end: usize) -> Option<(usize, u64)> {
-        match single_piece(first, end)? {
-            Piece::Groups { word, mask } => Some((word, mask)),
-            Piece::Pages { .. } => None,
+        // What `single_piece` finds for whole groups, in arithmetic (no walk of its
+        // cases: a batch's claims ask this of every block).
+        if !(first | end).is_multiple_of(GROUP) || end <= first {
+            return None;
         }
+        let (lo, hi) = (first / GROUP, end / GROUP);
+        let word = lo / 64;
+        if (hi - 1) / 64 != word {
+            return None;
+        }
+        Some((word, mask(lo - word * 64, hi - word * 64)))
     }
 
     /// Claims groups `mask` of level-1 word `word` at once: several claims' bits, each
@@ -200,14 +207,22 @@ impl ClaimMap {
                     mask.trailing_zeros() as usize,
                     64 - mask.leading_zeros() as usize,
                 );
-                self.pages[w * 64 + lo..w * 64 + hi]
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, word)| {
-                        let bits = word.load(SeqCst);
-                        (bits != 0)
-                            .then(|| (w * 64 + lo + i) * GROUP + bits.trailing_zeros() as usize)
-                    })
+                let words = &self.pages[w * 64 + lo..w * 64 + hi];
+                // All of them or-ed together first (a batch's claim reads 64 words;
+                // a page held is the rare case), then which one.
+                let any = words.iter().fold(0, |acc, word| acc | word.load(SeqCst));
+                (any != 0).then(|| {
+                    words
+                        .iter()
+                        .enumerate()
+                        .find_map(|(i, word)| {
+                            let bits = word.load(SeqCst);
+                            (bits != 0)
+                                .then(|| (w * 64 + lo + i) * GROUP + bits.trailing_zeros() as usize)
+                        })
+                        // Released since the first read: the first word read held.
+                        .unwrap_or((w * 64 + lo) * GROUP)
+                })
             }
         };
         match other {
@@ -269,6 +284,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn whole_groups_is_single_piece_for_whole_groups_and_nothing_else() {
+        for first in (0..9000).step_by(61) {
+            for len in [1, 63, 64, 65, 128, 512, 640, 4032, 4096, 4160, 8192] {
+                let end = first + len;
+                let expected = match single_piece(first, end) {
+                    Some(Piece::Groups { word, mask }) => Some((word, mask)),
+                    _ => None,
+                };
+                assert_eq!(
+                    ClaimMap::whole_groups(first, end),
+                    expected,
+                    "{first}..{end}"
+                );
+            }
+        }
+        assert_eq!(ClaimMap::whole_groups(128, 128), None, "empty");
     }
 
     #[test]

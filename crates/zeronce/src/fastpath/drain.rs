@@ -67,7 +67,7 @@ impl<E: Keep> ThreadCaches<E> {
         if let Some(owner) = &holder {
             // In address order, buddies side by side: the manager frees each pair as its
             // merged block (the claims need no order of theirs).
-            blocks[..n].sort_unstable_by_key(|b| b.pfn);
+            sort_by_address(&mut blocks[..n]);
             owner
                 .caches()
                 .give_back_claims(&blocks[..n], &mut bytes[..n]);
@@ -102,6 +102,47 @@ impl<E: Keep> ThreadCaches<E> {
                 .count_freed(freed.clone().map(|b| b.order.bytes()).sum());
             for &b in freed {
                 l.after_free(b, FreeHint::Dirty);
+            }
+        }
+    }
+}
+
+/// Sorts `blocks` by address: an insertion sort, as the standard library's sort does for
+/// a handful of elements, without its setup (half the instructions of a drain of 8 blocks
+/// that arrive nearly sorted, as a list's oldest blocks do: buddies swapped).
+fn sort_by_address(blocks: &mut [Block]) {
+    for i in 1..blocks.len() {
+        let b = blocks[i];
+        let mut j = i;
+        while j > 0 && blocks[j - 1].pfn > b.pfn {
+            blocks[j] = blocks[j - 1];
+            j -= 1;
+        }
+        blocks[j] = b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_by_address_sorts_whatever_the_order() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for len in 0..=HUGE_DRAIN {
+            for _ in 0..200 {
+                let mut blocks: Vec<Block> = (0..len)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        Block::new(Pfn((seed % 64) << 9), Order::new(9).unwrap())
+                    })
+                    .collect();
+                let mut expected = blocks.clone();
+                expected.sort_by_key(|b| b.pfn);
+                sort_by_address(&mut blocks);
+                assert_eq!(blocks, expected);
             }
         }
     }

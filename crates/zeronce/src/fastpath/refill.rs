@@ -53,6 +53,10 @@ impl<E: Keep> ThreadCaches<E> {
         let mut allocs = [none; HUGE_REFILL];
         let want = (room + 1).min(HUGE_REFILL);
         let taken = self.mm.alloc_resident_dirty(order, &mut allocs[..want]);
+        // The first is returned; the others are pushed highest first, so the list hands
+        // them out in address order and they come back (freed in the order they were
+        // taken) with buddies side by side: the drain's sort then finds them sorted.
+        allocs[taken.min(1)..taken].reverse();
         let allocs = &allocs[..taken];
         let mut blocks = [none.block; HUGE_REFILL];
         for (b, a) in blocks.iter_mut().zip(allocs) {

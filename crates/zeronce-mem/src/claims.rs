@@ -220,7 +220,8 @@ impl ClaimMap {
                             (bits != 0)
                                 .then(|| (w * 64 + lo + i) * GROUP + bits.trailing_zeros() as usize)
                         })
-                        // Released since the first read: the first word read held.
+                        // Released between the two reads: some page was held during
+                        // the claim, which fails all the same; the first one is named.
                         .unwrap_or((w * 64 + lo) * GROUP)
                 })
             }
@@ -287,22 +288,42 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "arithmetic over many ranges, no unsafe: runs natively")]
     fn whole_groups_is_single_piece_for_whole_groups_and_nothing_else() {
-        for first in (0..9000).step_by(61) {
-            for len in [1, 63, 64, 65, 128, 512, 640, 4032, 4096, 4160, 8192] {
-                let end = first + len;
-                let expected = match single_piece(first, end) {
-                    Some(Piece::Groups { word, mask }) => Some((word, mask)),
-                    _ => None,
-                };
-                assert_eq!(
-                    ClaimMap::whole_groups(first, end),
-                    expected,
-                    "{first}..{end}"
-                );
+        let expected = |first: usize, end: usize| match single_piece(first, end) {
+            Some(Piece::Groups { word, mask }) => Some((word, mask)),
+            _ => None,
+        };
+        // Every aligned start and end over three level-1 words (whole groups, across
+        // words, up to a word and a bit long), and some unaligned ones.
+        let span = 64 * 64 * 3;
+        let firsts = (0..span).step_by(64).chain((1..=13).map(|k| k * 997));
+        for first in firsts {
+            for end in first + 1..(first + 64 * 64 + 130).min(span + 1) {
+                let got = ClaimMap::whole_groups(first, end);
+                assert_eq!(got, expected(first, end), "{first}..{end}");
+            }
+            // Empty or reversed: none (`single_piece` is never asked those).
+            for end in first.saturating_sub(200)..=first {
+                assert_eq!(ClaimMap::whole_groups(first, end), None, "{first}..{end}");
             }
         }
-        assert_eq!(ClaimMap::whole_groups(128, 128), None, "empty");
+    }
+
+    #[test]
+    fn the_last_groups_of_a_map_ending_inside_a_word_are_claimed_whole_and_checked() {
+        // Two level-1 words and 5 groups of a third.
+        let groups = 64 * 2 + 5;
+        let m = ClaimMap::new(groups * 64);
+        let (word, mask) = ClaimMap::whole_groups(128 * 64, groups * 64).unwrap();
+        assert_eq!((word, mask), (2, 0b1_1111));
+        m.try_claim_groups(word, mask).unwrap();
+        m.release_groups(word, mask);
+        // A partial claim of the very last page fails the whole claim, naming that page.
+        m.try_claim(groups * 64 - 1, groups * 64).unwrap();
+        assert_eq!(m.try_claim_groups(word, mask), Err(groups * 64 - 1));
+        m.release(groups * 64 - 1, groups * 64);
+        m.try_claim(0, groups * 64).unwrap();
     }
 
     #[test]

@@ -337,6 +337,18 @@ fn a_huge_allocation_past_the_kept_blocks_takes_several_and_counts_one() {
     // The next ones come from the batch: no manager call.
     let rest: Vec<_> = (1..taken).map(|_| pm.alloc(order(9)).unwrap()).collect();
     assert_eq!(pm.manager().stats().allocs[9] - manager_before, taken);
+    // In address order (the zone gives them so here: they come out of larger blocks the
+    // drained ones merged into), so they come back from a program that frees them in
+    // that order with buddies side by side.
+    let handed: Vec<_> = [&first]
+        .into_iter()
+        .chain(&rest)
+        .map(|b| b.block().pfn)
+        .collect();
+    assert!(
+        handed.windows(2).all(|w| w[0] < w[1]),
+        "not in address order: {handed:?}"
+    );
     let mut all: Vec<_> = rest.iter().chain([&first]).map(PageBlock::block).collect();
     all.sort_by_key(|b| b.pfn);
     all.dedup();

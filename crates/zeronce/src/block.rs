@@ -356,17 +356,17 @@ impl PageBlock {
     /// inlined into the caller.
     #[inline(always)]
     fn release(&mut self, hint: FreeHint, zero_from: u64) -> Result<(), FreeError> {
+        let keepable = self
+            .claimed
+            .as_ref()
+            .is_some_and(|c| !c.owner.init_on_free && c.bytes.is_claimed());
+        if hint == FreeHint::Dirty && keepable && Caches::keep(&mut self.claimed) {
+            return Ok(());
+        }
         let Some(claimed) = self.claimed.take() else {
             return Ok(());
         };
-        if hint == FreeHint::Dirty && !claimed.owner.init_on_free && claimed.bytes.is_claimed() {
-            match Caches::keep(claimed) {
-                Ok(()) => Ok(()),
-                Err(claimed) => self.release_slow(claimed, hint, zero_from),
-            }
-        } else {
-            self.release_slow(claimed, hint, zero_from)
-        }
+        self.release_slow(claimed, hint, zero_from)
     }
 
     /// [`PageBlock::release`] past the kept blocks: to the manager.

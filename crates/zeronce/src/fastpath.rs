@@ -286,29 +286,43 @@ impl<E: Keep> ThreadCaches<E> {
         list_of(order).is_some()
     }
 
-    /// Keeps a block its owner freed dirty on the calling thread's slot; back to the
-    /// caller when its order is not kept, its owner is closed, the slot keeps enough of
-    /// that order or is busy.
+    /// Keeps the block `slot` holds, which its owner freed dirty, on the calling thread's
+    /// slot, and empties `slot`; whether it did (not when its order is not kept, its owner
+    /// is closed, the slot keeps enough of that order or is busy: `slot` still holds it).
+    ///
+    /// Decided on the entry where it is and moved once, from there onto the list: a copy
+    /// of it taken out first, some words read and written back one by one, made the
+    /// push read them back in other pieces than written (a store-forwarding stall a free).
     #[inline(always)]
-    pub(crate) fn keep(mut entry: E) -> Result<(), E> {
+    pub(crate) fn keep(slot: &mut Option<E>) -> bool {
+        let Some(entry) = slot.as_mut() else {
+            return false;
+        };
         let order = entry.order();
         let Some(list) = list_of(order) else {
-            return Err(entry);
+            return false;
         };
         let Some(mut guard) = SlotGuard::try_mine(E::slots()) else {
-            return Err(entry);
+            return false;
         };
         let caches = entry.caches();
         if caches.is_closed() {
-            return Err(entry);
+            return false;
         }
         if guard.list(list).len() >= caches.kept_limit[list] {
             // Full at the base limit: a huge list may keep more, or makes room.
             if order <= PCP_MAX_ORDER {
-                return Err(entry);
+                return false;
             }
             if guard.list(list).len() >= caches.limit(&guard, list) {
-                return Self::keep_draining(guard, list, entry);
+                return match slot.take().map(|e| Self::keep_draining(guard, list, e)) {
+                    Some(Ok(())) => true,
+                    Some(Err(back)) => {
+                        *slot = Some(back);
+                        false
+                    }
+                    None => false,
+                };
             }
         }
         caches.counters.count_keep(&guard, list, order);
@@ -318,8 +332,10 @@ impl<E: Keep> ThreadCaches<E> {
             caches.kept_huge_block();
         }
         entry.reuse();
-        guard.list(list).push(entry);
-        Ok(())
+        if let Some(entry) = slot.take() {
+            guard.list(list).push(entry);
+        }
+        true
     }
 
     /// Gives the calling thread's kept blocks of `order` of this owner back to the

@@ -17,13 +17,15 @@ impl ClaimedBytes {
             .map(|c| ClaimedBytes(Some(c)))
     }
 
-    /// Claims the bytes of each of `blocks` and calls `each` with the block's index and
-    /// its bytes or error, in index order: neighbouring 2 MiB blocks of one 16
-    /// MiB-aligned stretch with one atomic step ([`SharedRam::claim_bare_each`]).
+    /// Claims the bytes of each of `blocks` and calls `ok` with the block's index and its
+    /// bytes, or `failed` with the index and the error, in index order: neighbouring 2
+    /// MiB blocks of one 16 MiB-aligned stretch with one atomic step
+    /// ([`SharedRam::claim_bare_each`]).
     pub(crate) fn claim_each(
         ram: &SharedRam,
         blocks: &[Block],
-        mut each: impl FnMut(usize, Result<Self, ClaimError>),
+        mut ok: impl FnMut(usize, Self),
+        mut failed: impl FnMut(usize, ClaimError),
     ) {
         const BATCH: usize = 8;
         for (n, part) in blocks.chunks(BATCH).enumerate() {
@@ -31,9 +33,11 @@ impl ClaimedBytes {
             for (r, b) in ranges.iter_mut().zip(part) {
                 *r = (b.pfn.byte_offset() as usize, b.order.bytes() as usize);
             }
-            ram.claim_bare_each(&ranges[..part.len()], |k, c| {
-                each(n * BATCH + k, c.map(|c| ClaimedBytes(Some(c))));
-            });
+            ram.claim_bare_each(
+                &ranges[..part.len()],
+                |k, c| ok(n * BATCH + k, ClaimedBytes(Some(c))),
+                |k, e| failed(n * BATCH + k, e),
+            );
         }
     }
 

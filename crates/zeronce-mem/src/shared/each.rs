@@ -9,37 +9,57 @@ use crate::claims::ClaimMap;
 
 impl SharedRam {
     /// Claims each range of `ranges` (offset and length, as [`SharedRam::claim_bare`]
-    /// takes them) and calls `each` with the range's index and its claim or error, in
-    /// index order. Neighbouring ranges that are each whole 64-page groups of one word
-    /// of the claim map are claimed with one atomic step together; when that step finds
-    /// any page of them busy, each is claimed on its own, as `claim_bare` would, so the
-    /// results are `claim_bare`'s one by one.
+    /// takes them) and calls `ok` with the range's index and its claim, or `failed` with
+    /// the index and the error, in index order. Neighbouring ranges that are each whole
+    /// 64-page groups of one word of the claim map are claimed with one atomic step
+    /// together; when that step finds any page of them busy, each is claimed on its own,
+    /// as `claim_bare` would, so the results are `claim_bare`'s one by one.
     pub fn claim_bare_each(
         &self,
         ranges: &[(usize, usize)],
-        mut each: impl FnMut(usize, Result<RamClaim, ClaimError>),
+        mut ok: impl FnMut(usize, RamClaim),
+        mut failed: impl FnMut(usize, ClaimError),
     ) {
         // The current run of ranges ends before `run_end`; `together`: its step claimed
         // all of them (else they are claimed one by one: a page busy, or no run).
         let (mut run_end, mut together) = (0, false);
-        // One call of `each`, so it is inlined here and its result not passed through
-        // memory (read back in other pieces than written: a store-forwarding stall).
         for (i, &(offset, len)) in ranges.iter().enumerate() {
             if i == run_end {
                 let n;
                 (n, together) = self.claim_run(&ranges[i..]);
                 run_end = i + n;
             }
-            let claim = if together {
-                Ok(RamClaim {
-                    ram: self.id,
-                    offset,
-                    len,
-                })
+            if together {
+                // The claim goes to `ok` as its three words, never through a `Result` in
+                // memory: one built there word by word and read back in 16-byte pieces
+                // was a store-forwarding stall a block.
+                ok(
+                    i,
+                    RamClaim {
+                        ram: self.id,
+                        offset,
+                        len,
+                    },
+                );
             } else {
-                self.claim_bare(offset, len)
-            };
-            each(i, claim);
+                self.claim_one(i, offset, len, &mut ok, &mut failed);
+            }
+        }
+    }
+
+    /// [`SharedRam::claim_bare_each`] of one range on its own.
+    #[inline(never)]
+    fn claim_one(
+        &self,
+        i: usize,
+        offset: usize,
+        len: usize,
+        ok: &mut impl FnMut(usize, RamClaim),
+        failed: &mut impl FnMut(usize, ClaimError),
+    ) {
+        match self.claim_bare(offset, len) {
+            Ok(claim) => ok(i, claim),
+            Err(e) => failed(i, e),
         }
     }
 
@@ -123,12 +143,14 @@ mod tests {
     }
 
     fn claim_each(r: &SharedRam, ranges: &[(usize, usize)]) -> Vec<Result<RamClaim, ClaimError>> {
-        let mut out = Vec::new();
-        r.claim_bare_each(ranges, |i, c| {
+        let out = std::cell::RefCell::new(Vec::new());
+        let push = |i: usize, c| {
+            let mut out = out.borrow_mut();
             assert_eq!(i, out.len(), "in index order");
             out.push(c);
-        });
-        out
+        };
+        r.claim_bare_each(ranges, |i, c| push(i, Ok(c)), |i, e| push(i, Err(e)));
+        out.into_inner()
     }
 
     #[test]
@@ -221,12 +243,14 @@ mod tests {
             s.spawn(move || {
                 for _ in 0..if cfg!(miri) { 50 } else { 5_000 } {
                     let mut held = Vec::new();
-                    r.claim_bare_each(ranges, |i, c| {
-                        if let Ok(c) = c {
+                    r.claim_bare_each(
+                        ranges,
+                        |i, c| {
                             assert_eq!(inside[i].fetch_add(1, Relaxed), 0);
                             held.push((i, c));
-                        }
-                    });
+                        },
+                        |_, _| {},
+                    );
                     for (i, _) in &held {
                         inside[*i].fetch_sub(1, Relaxed);
                     }

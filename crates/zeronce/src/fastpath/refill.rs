@@ -69,8 +69,10 @@ impl<E: Keep> ThreadCaches<E> {
         }
         let mut first = None;
         let mut kept = 0u64;
-        ClaimedBytes::claim_each(&self.ram, blocks, |k, claimed| match claimed {
-            Ok(bytes) => {
+        ClaimedBytes::claim_each(
+            &self.ram,
+            blocks,
+            |k, bytes| {
                 // A husk of this owner's carries it if the slot has one (no reference
                 // counted up), else a new entry. The husk moves onto the list as it is
                 // and takes the block there: a kept entry is not read back from where
@@ -92,9 +94,9 @@ impl<E: Keep> ThreadCaches<E> {
                 } else {
                     kept += 1;
                 }
-            }
-            Err(e) => self.unclaimable(blocks[k], e),
-        });
+            },
+            |k, e| self.unclaimable(blocks[k], e),
+        );
         if kept > 0 {
             self.counters.count_refill(&guard, HUGE_LIST, kept);
             drop(guard);

@@ -29,10 +29,11 @@ impl SharedRam {
                 (n, together) = self.claim_run(&ranges[i..]);
                 run_end = i + n;
             }
-            if together {
-                // The claim goes to `ok` as its three words, never through a `Result` in
-                // memory: one built there word by word and read back in 16-byte pieces
-                // was a store-forwarding stall a block.
+            // One call of `ok`, so it is inlined here, and the claim goes to it as its
+            // three words, never through a `Result` or a pointer to memory: one built
+            // there word by word and read back in 16-byte pieces was a store-forwarding
+            // stall a block.
+            if together || self.claim_alone(i, offset, len, &mut failed) {
                 ok(
                     i,
                     RamClaim {
@@ -41,25 +42,26 @@ impl SharedRam {
                         len,
                     },
                 );
-            } else {
-                self.claim_one(i, offset, len, &mut ok, &mut failed);
             }
         }
     }
 
-    /// [`SharedRam::claim_bare_each`] of one range on its own.
+    /// [`SharedRam::claim_bare_each`] of one range on its own: whether it was claimed
+    /// (the claim is `claim_bare`'s, the words of the range: the caller makes it again).
     #[inline(never)]
-    fn claim_one(
+    fn claim_alone(
         &self,
         i: usize,
         offset: usize,
         len: usize,
-        ok: &mut impl FnMut(usize, RamClaim),
         failed: &mut impl FnMut(usize, ClaimError),
-    ) {
+    ) -> bool {
         match self.claim_bare(offset, len) {
-            Ok(claim) => ok(i, claim),
-            Err(e) => failed(i, e),
+            Ok(RamClaim { .. }) => true,
+            Err(e) => {
+                failed(i, e);
+                false
+            }
         }
     }
 

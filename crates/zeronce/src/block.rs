@@ -356,11 +356,12 @@ impl PageBlock {
     /// inlined into the caller.
     #[inline(always)]
     fn release(&mut self, hint: FreeHint, zero_from: u64) -> Result<(), FreeError> {
-        let keepable = self
-            .claimed
-            .as_ref()
-            .is_some_and(|c| !c.owner.init_on_free && c.bytes.is_claimed());
-        if hint == FreeHint::Dirty && keepable && Caches::keep(&mut self.claimed) {
+        let keepable = hint == FreeHint::Dirty
+            && self
+                .claimed
+                .as_ref()
+                .is_some_and(|c| !c.owner.init_on_free && c.bytes.is_claimed());
+        if keepable && Caches::keep(&mut self.claimed) {
             return Ok(());
         }
         let Some(claimed) = self.claimed.take() else {

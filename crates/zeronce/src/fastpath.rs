@@ -315,14 +315,11 @@ impl<E: Keep> ThreadCaches<E> {
                 return false;
             }
             if guard.list(list).len() >= caches.limit(&guard, list) {
-                return match slot.take().map(|e| Self::keep_draining(guard, list, e)) {
-                    Some(Ok(())) => true,
-                    Some(Err(back)) => {
-                        *slot = Some(back);
-                        false
-                    }
-                    None => false,
+                let Some(entry) = slot.take() else {
+                    return false;
                 };
+                let kept = Self::keep_draining(guard, list, entry);
+                return kept.map_err(|back| *slot = Some(back)).is_ok();
             }
         }
         caches.counters.count_keep(&guard, list, order);

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use zeronce_lib::{DiscardPolicy, ZeroerConfig};
+use zeronce_lib::{DiscardPolicy, ProcessBackend, ZeroerConfig};
 
 /// What the environment asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,8 +84,8 @@ impl Config {
         };
         let threshold = env.read(
             "ZERONCE_THRESHOLD",
-            "a size such as 2M, 512K or 1G (at least 4K)",
-            |v| parse_size(v).filter(|&b| b >= 4096),
+            "a size such as 2M, 512K or 1G (4K to 1G: zeronce serves nothing larger)",
+            |v| parse_size(v).filter(|b| (4096..=ProcessBackend::LARGEST_BYTES).contains(b)),
         );
         let delay = env
             .read("ZERONCE_DELAY_MS", "milliseconds", |v| v.parse().ok())
@@ -269,6 +269,22 @@ mod tests {
         let (c, lines) = config(&[("ZERONCE_ZEROER_RATE", "unlimited")]);
         assert!(lines.is_empty(), "{lines:?}");
         assert_eq!(c.zeroer.map(|z| z.bytes_per_sec), Some(None));
+    }
+
+    #[test]
+    fn a_threshold_outside_4k_to_the_largest_block_is_refused() {
+        for v in ["2K", "2G", "1025M"] {
+            let (c, lines) = config(&[("ZERONCE_THRESHOLD", v)]);
+            assert_eq!(c.threshold, DEFAULT_THRESHOLD, "{v}");
+            assert_eq!(lines.len(), 1, "{v}: {lines:?}");
+            assert!(
+                lines[0].contains(&format!("ZERONCE_THRESHOLD={v}")),
+                "{lines:?}"
+            );
+        }
+        let (c, lines) = config(&[("ZERONCE_THRESHOLD", "1G")]);
+        assert!(lines.is_empty(), "{lines:?}");
+        assert_eq!(c.threshold, ProcessBackend::LARGEST_BYTES);
     }
 
     #[test]

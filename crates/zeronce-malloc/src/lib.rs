@@ -1,7 +1,7 @@
 //! `libzeronce.so`: zeronce's process mode for any program, without a rebuild:
 //!
 //! ```sh
-//! LD_PRELOAD=target/release/libzeronce.so python3 job.py     # or: zeronce exec -- python3 job.py
+//! LD_PRELOAD=$PWD/target/release/libzeronce.so python3 job.py     # or: zeronce exec -- python3 job.py
 //! ```
 //!
 //! Allocations of at least `ZERONCE_THRESHOLD` bytes (2 MiB by default) come from

@@ -199,6 +199,10 @@ impl Default for ProcessBackend {
 }
 
 impl ProcessBackend {
+    /// The largest allocation a backend serves (1 GiB): larger ones go to the inner
+    /// allocator, so a threshold above it sends everything there.
+    pub const LARGEST_BYTES: usize = (PAGE_SIZE as usize) << MAX_ORDER;
+
     /// Threshold 2 MiB, a 64 GiB range, [`ProcessBackend::zero_then_report`] with a 2 s
     /// hold.
     pub const fn new() -> Self {

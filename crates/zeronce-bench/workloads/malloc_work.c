@@ -13,6 +13,12 @@
  *   malloc_work hot MIB ROUNDS          calloc MIB, read every line, write it all, free, at
  *                                       once again (a cache-hot buffer reused: thread CPU
  *                                       of the rounds after the first, timed apart)
+ *   malloc_work firstpass PREP          no allocator in it (mmap): 256 MiB faulted in by a
+ *                                       one-byte store a page, then PREP (none, read:
+ *                                       every line read, store2: a second one-byte store a
+ *                                       page, thp: the faults in huge pages), then two
+ *                                       memsets of zeros timed: what the first full write
+ *                                       of freshly faulted pages costs on this machine
  *   malloc_work large ITERS             20 live buffers of 5-25 MiB (random sizes, most not
  *                                       powers of two): ITERS times free one and malloc a
  *                                       new one, writing every page (wall, and process CPU
@@ -25,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -257,6 +264,33 @@ static int large(long iters) {
     return 0;
 }
 
+/* See the usage at the top: the cost `reuse` at once pays in its round 0 (zeronce does not
+ * write fresh memory at calloc, so its first full write of the pages is the timed one). */
+static int firstpass(const char *prep) {
+    size_t n = (size_t)256 << 20;
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "mmap failed\n");
+        return 1;
+    }
+    if (!strcmp(prep, "thp")) madvise(p, n, MADV_HUGEPAGE);
+    touch(p, n);
+    volatile long sum = 0;
+    if (!strcmp(prep, "read"))
+        for (size_t i = 0; i < n; i += 64) sum += p[i];
+    if (!strcmp(prep, "store2"))
+        for (size_t i = 0; i < n; i += 4096) p[i + 64] = 1;
+    double t0 = ms_of(CLOCK_MONOTONIC);
+    memset(p, 0, n);
+    double t1 = ms_of(CLOCK_MONOTONIC);
+    memset(p, 0, n);
+    double t2 = ms_of(CLOCK_MONOTONIC);
+    printf("{\"workload\":\"firstpass\",\"prep\":\"%s\",\"first_ms\":%.3f,\"second_ms\":%.3f}\n",
+           prep, t1 - t0, t2 - t1);
+    munmap(p, n);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     long a = argc > 2 ? atol(argv[2]) : 0, b = argc > 3 ? atol(argv[3]) : 0;
     if (argc > 3 && !strcmp(argv[1], "reuse")) return reuse(a, b);
@@ -264,7 +298,8 @@ int main(int argc, char **argv) {
     if (argc > 3 && !strcmp(argv[1], "small")) return small(a, b);
     if (argc > 3 && !strcmp(argv[1], "hot")) return hot(a, b);
     if (argc > 2 && !strcmp(argv[1], "large")) return large(a);
+    if (argc > 2 && !strcmp(argv[1], "firstpass")) return firstpass(argv[2]);
     fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS"
-                    " | hot MIB ROUNDS | large ITERS\n");
+                    " | hot MIB ROUNDS | large ITERS | firstpass none|read|store2|thp\n");
     return 2;
 }

@@ -19,6 +19,7 @@ use libmimalloc_sys as mi;
 use crate::routes::ROUTES;
 use crate::runtime;
 use crate::stderr::{bad_pointer, write_stderr};
+use huge::{Found, HUGE};
 
 /// The alignment of `malloc`: no explicit one. mimalloc's plain calls align a block of
 /// 16 bytes or more to 16 (glibc's `MALLOC_ALIGNMENT`), a smaller one to 8, as its own
@@ -61,16 +62,19 @@ fn or_enomem(p: *mut c_void) -> *mut c_void {
     p
 }
 
-/// A block of `size` bytes aligned to `align` (a power of two), zeroed if `zeroed`.
+/// A block of `size` bytes aligned to `align` (a power of two), zeroed if `zeroed`. An
+/// alignment of the threshold or more is zeronce's whatever the size (its blocks are
+/// aligned to their size and checked at `free`; mimalloc's aligned huge blocks are
+/// neither checked for double frees nor for pointers inside them).
 fn alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     if let Some(rt) = runtime::get() {
-        if size >= rt.threshold() {
+        if size.max(align) >= rt.threshold() {
             if rt.refuses(size) {
                 return or_enomem(null_mut());
             }
             return keeping_errno(|| match rt.large_alloc(size, align, zeroed) {
                 Some(addr) => addr as *mut c_void,
-                None => small_alloc(size, align, zeroed),
+                None => declined_alloc(size, align, zeroed),
             });
         } else {
             rt.count_small(size);
@@ -90,6 +94,16 @@ fn keeping_errno(large: impl FnOnce() -> *mut c_void) -> *mut c_void {
         set_errno(errno);
     }
     p
+}
+
+/// A block from the threshold up that zeronce declined: a listed mapping of its own (it
+/// reads zero), or mimalloc's when none can be listed ([`huge`]).
+#[cold]
+fn declined_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    match HUGE.alloc(size, align) {
+        Some(addr) => addr as *mut c_void,
+        None => small_alloc(size, align, zeroed),
+    }
 }
 
 fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
@@ -181,17 +195,20 @@ unsafe fn small_realloc(p: *mut c_void, size: usize) -> *mut c_void {
 /// `p` is a live block of this allocator (or in zeronce's range).
 unsafe fn usable(call: &str, p: *mut c_void) -> usize {
     let addr = p as usize;
-    if !ROUTES.may_be_large(addr) {
-        // SAFETY: outside every zeronce range: a live mimalloc block (the caller's promise).
-        return unsafe { mi::mi_usable_size(p) };
+    if ROUTES.may_be_large(addr) {
+        if let Some(rt) = runtime::current().filter(|rt| rt.owns(addr)) {
+            return rt
+                .large_usable(addr)
+                .unwrap_or_else(|| bad_pointer(call, addr));
+        }
     }
-    match runtime::current() {
-        Some(rt) if rt.owns(addr) => rt
-            .large_usable(addr)
-            .unwrap_or_else(|| bad_pointer(call, addr)),
-        // SAFETY: a live mimalloc block (the caller's promise).
-        _ => unsafe { mi::mi_usable_size(p) },
+    if HUGE.may_contain(addr) {
+        if let Found::Block(len) = HUGE.find(call, addr) {
+            return len;
+        }
     }
+    // SAFETY: a live mimalloc block (the caller's promise).
+    unsafe { mi::mi_usable_size(p) }
 }
 
 /// Moves a live block of `old` usable bytes to a new one of `size` bytes.
@@ -240,17 +257,17 @@ fn c_calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(always)]
 unsafe fn c_free(p: *mut c_void) {
     let addr = p as usize;
-    if !ROUTES.may_be_large(addr) {
-        // SAFETY: `NULL` or, outside every zeronce range, a live mimalloc block (the
-        // caller's promise).
+    if !ROUTES.may_be_large(addr) && !HUGE.may_contain(addr) {
+        // SAFETY: `NULL` or, outside every zeronce range and every listed mapping, a live
+        // mimalloc block (the caller's promise).
         return unsafe { small_free(p) };
     }
     // SAFETY: the caller's promise.
     unsafe { free_in_span(p) }
 }
 
-/// `free` of a pointer that may be zeronce's: out of line, so that the fast route of
-/// [`c_free`] saves no registers.
+/// `free` of a pointer that may be zeronce's or a listed mapping ([`huge`]): out of line,
+/// so that the fast route of [`c_free`] saves no registers.
 ///
 /// # Safety
 /// As [`c_free`].
@@ -265,7 +282,13 @@ unsafe fn free_in_span(p: *mut c_void) {
             return;
         }
     }
-    // SAFETY: not zeronce's, so a live mimalloc block (the caller's promise).
+    if HUGE.may_contain(addr) {
+        if let Found::Block(_) = HUGE.find("free", addr) {
+            return HUGE.free(addr);
+        }
+    }
+    // SAFETY: neither zeronce's nor listed, so a live mimalloc block (the caller's
+    // promise).
     unsafe { small_free(p) }
 }
 
@@ -286,9 +309,15 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         return null_mut();
     }
     let addr = p as usize;
-    if ROUTES.is_small(size) && !ROUTES.may_be_large(addr) {
+    if ROUTES.is_small(size) && !ROUTES.may_be_large(addr) && !HUGE.may_contain(addr) {
         // SAFETY: a live mimalloc block (the caller's promise) staying mimalloc's.
         return unsafe { small_realloc(p, size) };
+    }
+    if HUGE.may_contain(addr) {
+        if let Found::Block(old) = HUGE.find("realloc", addr) {
+            // SAFETY: a live listed block of `old` usable bytes.
+            return unsafe { moved(p, old, size, c_malloc(size)) };
+        }
     }
     let rt = runtime::get();
     let large = rt.is_some_and(|rt| size >= rt.threshold());
@@ -310,14 +339,15 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: a live mimalloc block (the caller's promise).
         return unsafe { small_realloc(p, size) };
     }
-    keeping_errno(
-        || match rt.and_then(|rt| rt.large_alloc(size, NATURAL, false)) {
-            // SAFETY: a live mimalloc block (the caller's promise), moved to zeronce.
-            Some(new) => unsafe { moved(p, mi::mi_usable_size(p), size, new as *mut c_void) },
-            // SAFETY: a live mimalloc block (the caller's promise).
-            None => unsafe { small_realloc(p, size) },
-        },
-    )
+    keeping_errno(|| {
+        let new = match rt.and_then(|rt| rt.large_alloc(size, NATURAL, false)) {
+            Some(new) => new as *mut c_void,
+            None => declined_alloc(size, NATURAL, false),
+        };
+        // SAFETY: a live mimalloc block (the caller's promise), moved to zeronce or, as
+        // any block zeronce declines, to a listed mapping.
+        unsafe { moved(p, mi::mi_usable_size(p), size, new) }
+    })
 }
 
 /// C `reallocarray`: `realloc(p, n * size)`, or `NULL` and `ENOMEM` (`p` untouched) when
@@ -436,6 +466,7 @@ macro_rules! export {
 }
 
 mod extensions;
+mod huge;
 pub(crate) use extensions::mimalloc_committed;
 
 export!(c_malloc(size: usize) -> *mut c_void as
@@ -496,15 +527,19 @@ extern "C" fn fork_prepare() {
     if let Some(rt) = runtime::current() {
         rt.fork_prepare();
     }
+    // Last: no thread holds it across a `fork` then (a child has none of the others).
+    HUGE.lock();
 }
 
 extern "C" fn fork_parent() {
+    HUGE.unlock();
     if let Some(rt) = runtime::current() {
         rt.fork_parent();
     }
 }
 
 extern "C" fn fork_child() {
+    HUGE.unlock();
     if let Some(rt) = runtime::current() {
         rt.fork_child();
     }

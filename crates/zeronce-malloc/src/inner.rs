@@ -25,7 +25,9 @@ fn big(layout: &Layout) -> bool {
     layout.size() >= BIG && layout.align() <= PAGE
 }
 
-fn map(len: usize) -> *mut u8 {
+/// A new private anonymous mapping of `len` bytes, no swap reserved (`NULL` if refused);
+/// also the mappings of the C blocks zeronce declines (`ffi/huge.rs`).
+pub(crate) fn map(len: usize) -> *mut u8 {
     // SAFETY: a new private anonymous mapping at an address the kernel picks: it aliases
     // nothing.
     let mapped = unsafe {

@@ -43,8 +43,9 @@ struct Counters {
     /// `realloc`s that grew a zeronce block in place, and the bytes they added.
     large_grows: AtomicU64,
     grown_bytes: AtomicU64,
-    /// Sizes from the threshold up that zeronce declined (too large or too aligned, a
-    /// `fork` child, zeronce's own threads): mimalloc served them.
+    /// Sizes from the threshold up that zeronce declined (larger than its largest block, a
+    /// `fork` child, its arena full or not created): each a mapping of its own (mimalloc's
+    /// past the ones the library lists, see `ffi/huge.rs`).
     declined_allocs: AtomicU64,
     declined_bytes: AtomicU64,
     small_allocs: AtomicU64,
@@ -167,7 +168,8 @@ impl Runtime {
     }
 
     /// The address of a zeronce block of at least `size` bytes aligned to `align`
-    /// (reading zero if `zeroed`), or `None`: zeronce declined (counted), mimalloc is asked.
+    /// (reading zero if `zeroed`), or `None`: zeronce declined (counted), the caller maps
+    /// it.
     pub fn large_alloc(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
         let backend = self.backend();
         let served = Layout::from_size_align(size, align)
@@ -268,7 +270,7 @@ impl Runtime {
             "not counted (ZERONCE_SHOW_STATS=1 counts them)".to_string()
         };
         let mut out = format!(
-            "zeronce: large (zeronce) {} in {} allocations, {} more in {} reallocs grown in place; declined to mimalloc {} in {} (requested: mimalloc may have failed them too); small (mimalloc) {small}\n",
+            "zeronce: large (zeronce) {} in {} allocations, {} more in {} reallocs grown in place; declined {} in {} (each a mapping of its own; requested: some may have failed); small (mimalloc) {small}\n",
             bytes(c.large_bytes.load(Relaxed)),
             c.large_allocs.load(Relaxed),
             bytes(c.grown_bytes.load(Relaxed)),

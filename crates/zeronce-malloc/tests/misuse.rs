@@ -13,6 +13,10 @@ fn a_double_free_or_an_interior_pointer_aborts_with_one_line() {
     let modes = [
         ("double", "free"),
         ("interior", "free"),
+        ("huge-double", "free"),
+        ("huge-interior", "free"),
+        ("aligned-double", "free"),
+        ("aligned-interior", "free"),
         ("small-double", "free"),
         ("tiny-double", "free"),
         ("thread-double", "free"),
@@ -118,6 +122,6 @@ fn a_bad_setting_is_one_line_on_stderr_and_the_default() {
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "zeronce: ignoring ZERONCE_THRESHOLD=lots: expected a size such as 2M, 512K or 1G (at least 4K); using the default\n"
+        "zeronce: ignoring ZERONCE_THRESHOLD=lots: expected a size such as 2M, 512K or 1G (4K to 1G: zeronce serves nothing larger); using the default\n"
     );
 }

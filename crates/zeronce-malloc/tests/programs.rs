@@ -84,6 +84,13 @@ fn one_large_allocation_costs_the_block_not_the_allocators_tables() {
 }
 
 #[test]
+fn blocks_above_zeronces_largest_and_aligned_past_2_mib_print_the_same() {
+    // Of the aligned ones, zeronce serves all but the 1 GiB-aligned block of 1 GiB and a
+    // page (larger than its largest block): 3 + 2.
+    prints_the_same("huge.c", 5);
+}
+
+#[test]
 fn the_c_rules_match_glibc() {
     prints_the_same("edge.c", 0);
 }

@@ -62,8 +62,8 @@ pub type ZeronceAlloc<A> = SplitAlloc<A, ProcessBackend>;
 const MAX_ORDER: u8 = MAX_ORDER_LIMIT;
 /// Address space reserved by default: 64 GiB.
 const DEFAULT_RANGE: usize = 64 << 30;
-/// Alignment every block has (the range starts on a 2 MiB boundary).
-const BLOCK_ALIGN: usize = 2 << 20;
+/// What the range's length is rounded down to (a whole number of 2 MiB blocks).
+const RANGE_GRAIN: usize = 2 << 20;
 /// How long a resident tail of a live block stays when neither a hold nor a reporting
 /// delay is set: the reporting engine's default delay.
 const DEFAULT_TAIL_HOLD: Duration = Duration::from_secs(2);
@@ -241,7 +241,7 @@ impl ProcessBackend {
     /// per 4 KiB page, 0.3 %, plus a bit per page) are zeroed allocations whose pages are
     /// backed only once blocks in their part of the range are split or claimed.
     pub const fn range_bytes(mut self, bytes: usize) -> Self {
-        self.range_bytes = bytes / BLOCK_ALIGN * BLOCK_ALIGN;
+        self.range_bytes = bytes / RANGE_GRAIN * RANGE_GRAIN;
         self
     }
 
@@ -477,14 +477,14 @@ impl LargeAlloc for ProcessBackend {
     }
 
     fn alloc(&self, layout: Layout, zeroed: bool) -> Option<Grant> {
-        if is_internal_thread() || layout.align() > BLOCK_ALIGN {
+        if is_internal_thread() {
             return None;
         }
         let used_pages = (layout.size() as u64).div_ceil(PAGE_SIZE);
-        let order = order_for(used_pages)?;
-        if layout.align() > order.bytes() as usize {
-            return None;
-        }
+        // The range starts naturally aligned for its largest block, so a block is aligned
+        // to its size: one at least as large as the alignment is aligned enough.
+        let align_pages = (layout.align() as u64).div_ceil(PAGE_SIZE);
+        let order = order_for(used_pages.max(align_pages))?;
         let _gate = self.gate();
         if self.is_forked_child() {
             return None;

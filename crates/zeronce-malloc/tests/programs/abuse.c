@@ -1,5 +1,6 @@
 /* Frees the allocator must refuse, one per mode: a large block freed twice, a pointer into
- * one, a small block freed twice (of 24 bytes, of 1 byte, the first free on another
+ * one (also of a block larger than zeronce's largest, 1 GiB, and of one aligned to 4 MiB),
+ * a small block freed twice (of 24 bytes, of 1 byte, the first free on another
  * thread), a pointer into a small block that no block could start at, and a small block
  * reallocated after its free. Mode "fine" does what looks
  * alike and is right: a block freed, handed out again and freed; list heads whose second
@@ -22,12 +23,18 @@ static void *volatile sink;
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "double";
-    if (!strcmp(mode, "interior")) {
-        char *p = KEEP(malloc(8 << 20));
+    if (!strcmp(mode, "interior") || !strcmp(mode, "huge-interior") ||
+        !strcmp(mode, "aligned-interior")) {
+        char *p = KEEP(mode[0] == 'i'   ? malloc(8 << 20)
+                       : mode[0] == 'h' ? malloc((size_t)1200 << 20)
+                                        : aligned_alloc(4 << 20, 5 << 20));
         p[0] = 1;
         free(p + 4096);
-    } else if (!strcmp(mode, "double")) {
-        char *p = KEEP(malloc(8 << 20));
+    } else if (!strcmp(mode, "double") || !strcmp(mode, "huge-double") ||
+               !strcmp(mode, "aligned-double")) {
+        char *p = KEEP(mode[0] == 'd'   ? malloc(8 << 20)
+                       : mode[0] == 'h' ? malloc((size_t)1200 << 20)
+                                        : aligned_alloc(4 << 20, 5 << 20));
         p[0] = 1;
         free(p);
         free(p);

@@ -1,5 +1,6 @@
 //! Under Miri, which cannot make real mappings: the memory behind a
-//! [`GuestRam`](super::GuestRam) comes from the global allocator, 2 MiB aligned and
+//! [`GuestRam`](super::GuestRam) comes from the global allocator, aligned as a mapping
+//! would be ([`natural_alignment`]) and
 //! reading zero like fresh anonymous memory, so Miri checks every access the wrappers
 //! make. File-backed kinds need `memfd_create` and are refused as unsupported (`ENOSYS`);
 //! so are discards and residency queries, which are system calls on the real mapping.
@@ -10,17 +11,17 @@ use std::ptr::NonNull;
 
 use rustix::io::Errno;
 
-use super::{BackingKind, RamError, HUGE_PAGE_2M};
+use super::{natural_alignment, BackingKind, RamError};
 
 /// The layout of a heap "mapping" of `size` bytes.
 fn layout(size: usize) -> Result<Layout, RamError> {
-    Layout::from_size_align(size, HUGE_PAGE_2M).map_err(|_| RamError::Os {
+    Layout::from_size_align(size, natural_alignment(size)).map_err(|_| RamError::Os {
         call: "alloc",
         errno: Errno::NOMEM,
     })
 }
 
-/// `size` zeroed heap bytes, 2 MiB aligned (the `thp` advice has nothing to act on).
+/// `size` zeroed heap bytes, aligned as a mapping (the `thp` advice has nothing to act on).
 pub(super) fn map_anonymous_aligned(size: usize, _thp: bool) -> Result<*mut u8, RamError> {
     // SAFETY: `size` is non-zero (`GuestRam::new` refuses 0), so the layout is valid for
     // `alloc_zeroed`; a null result is turned into an error by the caller.

@@ -8,7 +8,7 @@ use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use rustix::io::Errno;
 use rustix::mm::{madvise, mmap, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
 
-use super::{os, BackingKind, HugePageSize, RamError, HUGE_PAGE_2M};
+use super::{natural_alignment, os, BackingKind, HugePageSize, RamError};
 use crate::resident::HugetlbPoolCounters;
 use crate::PAGE_SIZE;
 
@@ -58,11 +58,13 @@ pub(super) fn map_shared(fd: &OwnedFd, size: usize) -> Result<*mut u8, Errno> {
     Ok(p.cast::<u8>())
 }
 
-/// Maps `size` bytes of private anonymous memory aligned to 2 MiB (so THP can back it
-/// from the first byte), optionally with `MADV_HUGEPAGE`.
+/// Maps `size` bytes of private anonymous memory aligned to [`natural_alignment`] (2 MiB
+/// at least, so THP can back it from the first byte), optionally with `MADV_HUGEPAGE`.
 pub(super) fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, RamError> {
     let rw = ProtFlags::READ | ProtFlags::WRITE;
-    let padded = size.checked_add(HUGE_PAGE_2M).ok_or(RamError::BadSize {
+    let align = natural_alignment(size);
+    // Reserved with room to slide to the alignment; the ends are unmapped below.
+    let padded = size.checked_add(align).ok_or(RamError::BadSize {
         size,
         page_size: PAGE_SIZE,
     })?;
@@ -73,7 +75,7 @@ pub(super) fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, R
     let raw = unsafe { mmap_anonymous(std::ptr::null_mut(), padded, rw, flags) }
         .map_err(os("mmap"))?
         .cast::<u8>();
-    let head = raw.align_offset(HUGE_PAGE_2M);
+    let head = raw.align_offset(align);
     let tail = padded - head - size;
     // SAFETY: head and tail are page-aligned parts of the mapping we just made (the
     // kernel returns page-aligned addresses, and `size` is page-aligned), not used by

@@ -151,6 +151,19 @@ mod mapping;
 #[path = "heap.rs"]
 mod mapping;
 
+/// Where anonymous RAM of `size` bytes starts: a multiple of the largest power of two no
+/// larger than `size`, between 2 MiB (so THP backs it from the first byte) and 1 GiB (a
+/// buddy allocator's largest block). A naturally aligned block of the RAM (page offset a
+/// multiple of its size, no larger than the RAM) then lies naturally aligned in the
+/// address space too: an aligned allocation needs only a block of its alignment.
+pub(crate) fn natural_alignment(size: usize) -> usize {
+    let below = match size {
+        0 => 1,
+        s => 1usize << (usize::BITS - 1 - s.leading_zeros()),
+    };
+    below.clamp(HUGE_PAGE_2M, HUGE_PAGE_1G)
+}
+
 fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
     move |errno| RamError::Os { call, errno }
 }
@@ -158,6 +171,8 @@ fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
 impl GuestRam {
     /// Maps `size` bytes of guest RAM backed as `kind`. `size` must be a positive multiple
     /// of the backing's page size ([`PAGE_SIZE`], or the huge page size for hugetlb).
+    /// Anonymous RAM starts at a multiple of the largest power of two no larger than
+    /// `size`, at least 2 MiB and at most 1 GiB.
     pub fn new(size: usize, kind: BackingKind) -> Result<GuestRam, RamError> {
         let page_size = kind.backing().page_size();
         if size == 0 || !size.is_multiple_of(page_size) {

@@ -25,6 +25,28 @@ fn all_old(ram: &GuestRam, offset: usize, len: usize) -> bool {
 }
 
 #[test]
+fn anonymous_ram_starts_at_its_natural_alignment() {
+    assert_eq!(natural_alignment(4096), HUGE_PAGE_2M, "2 MiB at least");
+    assert_eq!(natural_alignment(96 * MIB), 64 * MIB);
+    assert_eq!(natural_alignment(64 << 30), HUGE_PAGE_1G, "1 GiB at most");
+    // Under Miri only a small one (its heap "mappings" are interpreted byte by byte).
+    let sizes: &[usize] = if cfg!(miri) {
+        &[4 * MIB]
+    } else {
+        &[4 * MIB, 96 * MIB, 3 << 30]
+    };
+    for &size in sizes {
+        let ram = GuestRam::new(size, BackingKind::Anonymous { thp: false }).expect("map");
+        let align = natural_alignment(size);
+        assert_eq!(
+            ram.as_ptr() as usize % align,
+            0,
+            "{size} bytes: {align} aligned"
+        );
+    }
+}
+
+#[test]
 #[cfg_attr(miri, ignore = "needs syscalls: memfd_create")]
 fn creates_each_backing_with_its_properties() {
     let a = GuestRam::new(4 * MIB, anon()).expect("anon");

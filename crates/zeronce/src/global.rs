@@ -13,9 +13,10 @@
 //!
 //! Allocations of at least [`ProcessBackend::threshold`] bytes (2 MiB by default) come from
 //! a [`ProcessMemory`] created at the first of them over a large `MAP_NORESERVE` range
-//! (costing nothing until touched), rounded up to a power-of-two block; the rest, and
-//! whatever zeronce declines (too large, too aligned, not initialised yet, out of memory),
-//! go to the inner allocator. `alloc_zeroed` (`vec![0; n]`, `calloc`) skips zeroing known
+//! (costing nothing until touched), rounded up to a power-of-two block at least as large
+//! as the alignment (the range starts aligned for its largest block, so every block is
+//! aligned to its size); the rest, and whatever zeronce declines (larger than 1 GiB or
+//! aligned past it, not initialised yet, out of memory), go to the inner allocator. `alloc_zeroed` (`vec![0; n]`, `calloc`) skips zeroing known
 //! zero memory, and zeroes only the pages the size covers; the untouched tail of a block
 //! is never backed, and a resident one is given back (in whole huge pages) once the
 //! allocation has lived for the hold (see [`crate::tails`]), so a size that is not a power

@@ -8,7 +8,7 @@ use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
 use rustix::io::Errno;
 use rustix::mm::{madvise, mmap, mmap_anonymous, munmap, Advice, MapFlags, ProtFlags};
 
-use super::{natural_alignment, os, BackingKind, HugePageSize, RamError};
+use super::{os, BackingKind, HugePageSize, RamError};
 use crate::resident::HugetlbPoolCounters;
 use crate::PAGE_SIZE;
 
@@ -58,11 +58,14 @@ pub(super) fn map_shared(fd: &OwnedFd, size: usize) -> Result<*mut u8, Errno> {
     Ok(p.cast::<u8>())
 }
 
-/// Maps `size` bytes of private anonymous memory aligned to [`natural_alignment`] (2 MiB
+/// Maps `size` bytes of private anonymous memory aligned to `align` (a power of two, 2 MiB
 /// at least, so THP can back it from the first byte), optionally with `MADV_HUGEPAGE`.
-pub(super) fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, RamError> {
+pub(super) fn map_anonymous_aligned(
+    size: usize,
+    thp: bool,
+    align: usize,
+) -> Result<*mut u8, RamError> {
     let rw = ProtFlags::READ | ProtFlags::WRITE;
-    let align = natural_alignment(size);
     // Reserved with room to slide to the alignment; the ends are unmapped below.
     let padded = size.checked_add(align).ok_or(RamError::BadSize {
         size,
@@ -103,8 +106,8 @@ pub(super) fn map_anonymous_aligned(size: usize, thp: bool) -> Result<*mut u8, R
 /// # Safety
 ///
 /// `ptr` and `len` are a whole mapping made by this module, owned by the caller, and no
-/// reference into it is alive.
-pub(super) unsafe fn unmap(ptr: NonNull<u8>, len: usize) {
+/// reference into it is alive (`_align`: what the heap version needs).
+pub(super) unsafe fn unmap(ptr: NonNull<u8>, len: usize, _align: usize) {
     // SAFETY: the caller's contract.
     if let Err(errno) = unsafe { munmap(ptr.as_ptr().cast(), len) } {
         tracing::warn!(%errno, "munmap of guest RAM failed");

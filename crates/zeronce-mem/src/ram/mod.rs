@@ -131,6 +131,8 @@ pub struct RangeError {
 pub struct GuestRam {
     ptr: NonNull<u8>,
     len: usize,
+    /// The alignment the mapping was made with (what unmapping it needs under Miri).
+    align: usize,
     kind: BackingKind,
     fd: Option<OwnedFd>,
 }
@@ -151,19 +153,6 @@ mod mapping;
 #[path = "heap.rs"]
 mod mapping;
 
-/// Where anonymous RAM of `size` bytes starts: a multiple of the largest power of two no
-/// larger than `size`, between 2 MiB (so THP backs it from the first byte) and 1 GiB (a
-/// buddy allocator's largest block). A naturally aligned block of the RAM (page offset a
-/// multiple of its size, no larger than the RAM) then lies naturally aligned in the
-/// address space too: an aligned allocation needs only a block of its alignment.
-pub(crate) fn natural_alignment(size: usize) -> usize {
-    let below = match size {
-        0 => 1,
-        s => 1usize << (usize::BITS - 1 - s.leading_zeros()),
-    };
-    below.clamp(HUGE_PAGE_2M, HUGE_PAGE_1G)
-}
-
 fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
     move |errno| RamError::Os { call, errno }
 }
@@ -171,27 +160,36 @@ fn os(call: &'static str) -> impl Fn(Errno) -> RamError {
 impl GuestRam {
     /// Maps `size` bytes of guest RAM backed as `kind`. `size` must be a positive multiple
     /// of the backing's page size ([`PAGE_SIZE`], or the huge page size for hugetlb).
-    /// Anonymous RAM starts at a multiple of the largest power of two no larger than
-    /// `size`, at least 2 MiB and at most 1 GiB.
+    /// Anonymous RAM starts on a 2 MiB boundary (so THP backs it from the first byte).
     pub fn new(size: usize, kind: BackingKind) -> Result<GuestRam, RamError> {
+        Self::new_aligned(size, kind, HUGE_PAGE_2M)
+    }
+
+    /// [`GuestRam::new`], anonymous RAM starting at a multiple of `align` (rounded up to a
+    /// power of two, at least 2 MiB): an allocator whose largest block is `align` bytes
+    /// then has every block aligned to its size in the address space too. A file-backed
+    /// RAM is where the kernel maps it (aligned to its page size).
+    pub fn new_aligned(size: usize, kind: BackingKind, align: usize) -> Result<GuestRam, RamError> {
         let page_size = kind.backing().page_size();
-        if size == 0 || !size.is_multiple_of(page_size) {
+        let align = align.max(HUGE_PAGE_2M).checked_next_power_of_two();
+        let (Some(align), false) = (align, size == 0 || !size.is_multiple_of(page_size)) else {
             return Err(RamError::BadSize { size, page_size });
-        }
+        };
         let (ptr, fd) = match kind {
-            BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp)?, None),
+            BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp, align)?, None),
             BackingKind::Memfd | BackingKind::Hugetlb(_) => {
                 let (ptr, fd) = map_memfd(size, kind)?;
                 (ptr, Some(fd))
             }
         };
-        Self::from_mapping(ptr, size, kind, fd)
+        Self::from_mapping(ptr, size, align, kind, fd)
     }
 
     /// Wraps a new mapping of ours.
     fn from_mapping(
         ptr: *mut u8,
         len: usize,
+        align: usize,
         kind: BackingKind,
         fd: Option<OwnedFd>,
     ) -> Result<GuestRam, RamError> {
@@ -199,7 +197,13 @@ impl GuestRam {
             call: "mmap",
             errno: Errno::NOMEM,
         })?;
-        Ok(GuestRam { ptr, len, kind, fd })
+        Ok(GuestRam {
+            ptr,
+            len,
+            align,
+            kind,
+            fd,
+        })
     }
 
     /// Maps all of an existing file shared (`MAP_SHARED`, from offset 0), e.g. a file on
@@ -225,7 +229,7 @@ impl GuestRam {
         }
         // Other mappings of the file are the caller's protocol (see the docs above).
         let p = map_shared(&file, size).map_err(os("mmap"))?;
-        Self::from_mapping(p, size, kind, Some(file))
+        Self::from_mapping(p, size, page_size, kind, Some(file))
     }
 
     /// Faults `[offset, offset + len)` in for writing without writing a byte
@@ -424,7 +428,7 @@ impl Drop for GuestRam {
         // SAFETY: we own the mapping of `len` bytes at `ptr`, made by `mapping`; `&mut
         // self` means no reference into it survives. The fd closes after (the mapping
         // keeps the file).
-        unsafe { unmap(self.ptr, self.len) };
+        unsafe { unmap(self.ptr, self.len, self.align) };
     }
 }
 

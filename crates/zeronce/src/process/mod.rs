@@ -139,7 +139,13 @@ impl Builder<ProcessMode> {
 
     /// Maps the RAM, builds the manager and starts reporting and the background zeroer.
     pub fn build(self) -> Result<ProcessMemory, BuildError> {
-        let ram = SharedRam::new(GuestRam::new(self.size, self.backing)?);
+        // Anonymous RAM starts aligned for the largest block it can hold, so every block
+        // is aligned to its size in the address space (an aligned allocation then needs
+        // only a block as large as its alignment).
+        let largest = self.manager.max_order.bytes() as usize;
+        let fits = 1usize << (usize::BITS - 1 - self.size.max(1).leading_zeros());
+        let ram = GuestRam::new_aligned(self.size, self.backing, largest.min(fits))?;
+        let ram = SharedRam::new(ram);
         let pages = self.size as u64 / PAGE_SIZE;
         let reporting = self.mode.reporting;
         let mut zeroer = self.mode.zeroer;

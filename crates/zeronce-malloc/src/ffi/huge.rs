@@ -2,14 +2,18 @@
 //! when its arena cannot serve them: full, never created, a `fork` child's): each is a
 //! mapping of its own, as glibc maps its large chunks, listed here so that a `free`,
 //! `realloc` or `malloc_usable_size` of one is checked as zeronce's own blocks are. A
-//! pointer inside one, or one freed already, aborts with one line. mimalloc, which served
-//! them before, frees a pointer inside its huge block as the whole block, silently: the
-//! next allocation could then be handed the memory the program still uses.
+//! pointer inside one, or the start of one freed already, aborts with one line. mimalloc,
+//! which served them before, frees a pointer inside its huge block as the whole block,
+//! silently: the next allocation could then be handed memory the program still uses.
 //!
-//! The list is a fixed table under a spin lock (allocations of this size are rare; a
-//! `fork` handler holds the lock across the `fork`, so a child never finds it taken by a
-//! thread it does not have). Beside it, the span of every address a listed block ever
-//! covered: a pointer outside it (every small block, nearly always) is not looked up.
+//! The list is a fixed table: changed under a spin lock (allocations of this size are
+//! rare; a `fork` handler holds the lock across the `fork`, so a child never finds it
+//! taken by a thread it does not have), read without it. Beside it, the span `[lo, hi)` of
+//! the listed blocks and of the starts of the last few freed: kept tight (recomputed at
+//! every change), so that a small block's pointer, which lies outside every listed
+//! mapping, is nearly never looked up; one that lies between two listed blocks costs a
+//! scan of the table's used slots, and only a pointer equal to a recently freed start
+//! costs a system call (is it still unmapped).
 
 use std::ffi::c_void;
 use std::hint::spin_loop;
@@ -21,16 +25,24 @@ use crate::stderr::bad_pointer;
 
 /// Most such blocks live at once; past that, mimalloc serves them as before.
 const SLOTS: usize = 256;
+/// Starts of freed blocks remembered, to tell a second free of one.
+const FREED: usize = 16;
 const PAGE: usize = 4096;
 
 /// The listed mappings (see the module docs).
 pub(crate) struct HugeBlocks {
     lock: AtomicBool,
-    /// Start of each slot's block (0: empty) and its mapping's length.
+    /// Start of each slot's block (0: empty; written last, with release) and its
+    /// mapping's length.
     starts: [AtomicUsize; SLOTS],
     lens: [AtomicUsize; SLOTS],
-    /// Every address a listed block covered lies in `[lo, hi)`; `lo > hi` before the
-    /// first. Only grows, one end at a time (as the routes' span).
+    /// Slots from this one on have never been used.
+    used: AtomicUsize,
+    /// Starts of the last blocks freed (0: none), a ring; `next_freed` is where the next
+    /// one goes.
+    freed: [AtomicUsize; FREED],
+    next_freed: AtomicUsize,
+    /// The listed blocks and the freed starts lie in `[lo, hi)` (`lo > hi`: none).
     lo: AtomicUsize,
     hi: AtomicUsize,
 }
@@ -53,12 +65,18 @@ impl HugeBlocks {
             lock: AtomicBool::new(false),
             starts: [const { AtomicUsize::new(0) }; SLOTS],
             lens: [const { AtomicUsize::new(0) }; SLOTS],
+            used: AtomicUsize::new(0),
+            freed: [const { AtomicUsize::new(0) }; FREED],
+            next_freed: AtomicUsize::new(0),
             lo: AtomicUsize::new(usize::MAX),
             hi: AtomicUsize::new(0),
         }
     }
 
     /// Whether `addr` may be (or have been) in a listed block: `false` for certain not.
+    ///
+    /// Relaxed loads suffice, as for the routes' span: a pointer reaches a thread only
+    /// after the allocation that listed it (and widened the span) happened before.
     #[inline(always)]
     pub(crate) fn may_contain(&self, addr: usize) -> bool {
         addr >= self.lo.load(Relaxed) && addr < self.hi.load(Relaxed)
@@ -94,7 +112,12 @@ impl HugeBlocks {
         let slot = (0..SLOTS).find(|&i| self.starts[i].load(Relaxed) == 0);
         if let Some(i) = slot {
             self.lens[i].store(len, Relaxed);
-            self.starts[i].store(start, Relaxed);
+            self.starts[i].store(start, Release);
+            self.used.fetch_max(i + 1, Relaxed);
+            // A new start cannot be a freed one any more.
+            for f in &self.freed {
+                let _ = f.compare_exchange(start, 0, Relaxed, Relaxed);
+            }
             // The span covers the block before any pointer to it leaves this thread.
             self.hi.fetch_max(start + len, Relaxed);
             self.lo.fetch_min(start, Relaxed);
@@ -106,31 +129,36 @@ impl HugeBlocks {
         slot.map(|_| start)
     }
 
-    /// What `addr` is: a listed block's start, or not this list's. A pointer inside a
-    /// listed block, or into memory no mapping holds any more in the span of the listed
-    /// ones (a block freed already), aborts with one line naming `call`.
+    /// What `addr` (inside the span) is: a listed block's start, or not this list's. A
+    /// pointer inside a listed block, or a recently freed start that no mapping holds
+    /// again, aborts with one line naming `call`.
     pub(crate) fn find(&self, call: &str, addr: usize) -> Found {
-        self.lock();
-        let hit = (0..SLOTS).find_map(|i| {
-            let start = self.starts[i].load(Relaxed);
-            let len = self.lens[i].load(Relaxed);
-            (start != 0 && addr.wrapping_sub(start) < len).then_some((start, len))
-        });
-        self.unlock();
-        match hit {
-            Some((start, len)) if start == addr => Found::Block(len),
-            Some(_) => bad_pointer(call, addr),
-            None if !is_mapped(addr) => bad_pointer(call, addr),
-            None => Found::Elsewhere,
+        let used = self.used.load(Acquire);
+        for i in 0..used {
+            let start = self.starts[i].load(Acquire);
+            if start != 0 && addr.wrapping_sub(start) < self.lens[i].load(Relaxed) {
+                if start == addr {
+                    return Found::Block(self.lens[i].load(Relaxed));
+                }
+                bad_pointer(call, addr);
+            }
         }
+        let freed_here = self.freed.iter().any(|f| f.load(Relaxed) == addr);
+        if freed_here && !is_mapped(addr) {
+            bad_pointer(call, addr);
+        }
+        Found::Elsewhere
     }
 
     /// Unlists and unmaps the block at `addr` (a start [`HugeBlocks::find`] found).
     pub(crate) fn free(&self, addr: usize) {
         self.lock();
-        let slot = (0..SLOTS).find(|&i| self.starts[i].load(Relaxed) == addr);
+        let slot = (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr);
         let len = slot.map(|i| {
-            self.starts[i].store(0, Relaxed);
+            self.starts[i].store(0, Release);
+            let k = self.next_freed.fetch_add(1, Relaxed) % FREED;
+            self.freed[k].store(addr, Relaxed);
+            self.tighten();
             self.lens[i].load(Relaxed)
         });
         self.unlock();
@@ -139,6 +167,24 @@ impl HugeBlocks {
             // Freed by another thread since it was found: the second of two frees.
             None => bad_pointer("free", addr),
         }
+    }
+
+    /// Recomputes the span from the listed blocks and the freed starts (under the lock).
+    /// Every pair of ends a reader may see, old or new, covers every block still listed.
+    fn tighten(&self) {
+        let listed = (0..self.used.load(Relaxed)).filter_map(|i| {
+            let start = self.starts[i].load(Relaxed);
+            (start != 0).then(|| (start, start + self.lens[i].load(Relaxed)))
+        });
+        let freed = self.freed.iter().filter_map(|f| {
+            let start = f.load(Relaxed);
+            (start != 0).then_some((start, start + 1))
+        });
+        let (lo, hi) = listed
+            .chain(freed)
+            .fold((usize::MAX, 0), |(lo, hi), (s, e)| (lo.min(s), hi.max(e)));
+        self.lo.store(lo, Relaxed);
+        self.hi.store(hi, Relaxed);
     }
 }
 
@@ -163,4 +209,52 @@ fn is_mapped(addr: usize) -> bool {
     // SAFETY: `msync` with `MS_ASYNC` reads no memory and changes nothing; on an unmapped
     // page it only fails.
     unsafe { libc::msync(page as *mut c_void, PAGE, libc::MS_ASYNC) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_blocks_are_found_by_their_start_and_the_span_shrinks_back_to_freed_starts() {
+        let list = HugeBlocks::new();
+        assert!(
+            !list.may_contain(0x7000_0000_0000),
+            "nothing listed: empty span"
+        );
+        let a = list.alloc(5 << 20, PAGE).expect("map a");
+        let b = list.alloc(3 << 20, 4 << 20).expect("map b");
+        assert_eq!(b % (4 << 20), 0, "aligned as asked");
+        for (start, len) in [(a, 5 << 20), (b, 3 << 20)] {
+            assert!(list.may_contain(start) && list.may_contain(start + len - 1));
+            assert_eq!(list.find("free", start), Found::Block(len));
+            // SAFETY: a live mapping of `len` bytes made by `alloc`, nothing else uses it.
+            unsafe { std::ptr::write_bytes(start as *mut u8, 1, len) };
+        }
+        // An address outside both blocks but inside the span is not the list's.
+        let (lo, hi) = (a.min(b), (a + (5 << 20)).max(b + (3 << 20)));
+        let outside = (lo..hi)
+            .step_by(PAGE)
+            .find(|&p| p.wrapping_sub(a) >= 5 << 20 && p.wrapping_sub(b) >= 3 << 20);
+        if let Some(p) = outside {
+            assert_eq!(list.find("free", p), Found::Elsewhere);
+        }
+        list.free(a);
+        assert!(
+            list.may_contain(a),
+            "its start stays, to tell a second free"
+        );
+        if a > b {
+            assert!(
+                !list.may_contain(a + PAGE),
+                "a freed block's inside leaves the span"
+            );
+        }
+        assert_eq!(list.find("free", b), Found::Block(3 << 20));
+        list.free(b);
+        // Only the two freed starts are left: the span is at most what lies between them.
+        let (first, last) = (a.min(b), a.max(b));
+        assert!(!list.may_contain(last + PAGE) && !list.may_contain(first - PAGE));
+        assert!(list.may_contain(first) && list.may_contain(last));
+    }
 }

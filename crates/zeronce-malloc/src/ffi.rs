@@ -315,6 +315,12 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     if HUGE.may_contain(addr) {
         if let Found::Block(old) = HUGE.find("realloc", addr) {
+            // Still from the threshold up: resized where it is, its pages moved, not copied.
+            if runtime::get().is_some_and(|rt| size >= rt.threshold()) {
+                if let Some(new) = HUGE.resize(addr, size) {
+                    return new as *mut c_void;
+                }
+            }
             // SAFETY: a live listed block of `old` usable bytes.
             return unsafe { moved(p, old, size, c_malloc(size)) };
         }

@@ -23,8 +23,9 @@ use rustix::mm::munmap;
 
 use crate::stderr::bad_pointer;
 
-/// Most such blocks live at once; past that, mimalloc serves them as before.
-const SLOTS: usize = 256;
+/// Most such blocks live at once (1024 blocks over 1 GiB: 1 TiB of address space); past
+/// that, mimalloc serves them, unchecked.
+const SLOTS: usize = 1024;
 /// Starts of freed blocks remembered, to tell a second free of one.
 const FREED: usize = 16;
 const PAGE: usize = 4096;
@@ -150,6 +151,39 @@ impl HugeBlocks {
         Found::Elsewhere
     }
 
+    /// Resizes the listed block at `addr` (a start [`HugeBlocks::find`] found) to at
+    /// least `size` bytes with `mremap`, moving it if it must: its pages move as they are,
+    /// none copied or touched (a `realloc` of an untouched block stays untouched). The new
+    /// start, or `None` (nothing changed) if the kernel refuses.
+    pub(crate) fn resize(&self, addr: usize, size: usize) -> Option<usize> {
+        let len = size.max(1).checked_next_multiple_of(PAGE)?;
+        self.lock();
+        let slot = (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr);
+        let moved = slot.and_then(|i| {
+            let old = self.lens[i].load(Relaxed);
+            // SAFETY: `addr..addr + old` is a mapping made by `map`, its block live and the
+            // caller's (being reallocated: no other thread may use it); `mremap` moves or
+            // resizes exactly that mapping.
+            let p = unsafe { libc::mremap(addr as *mut c_void, old, len, libc::MREMAP_MAYMOVE) };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            let start = p as usize;
+            // Listed again before the new pointer leaves this thread.
+            self.starts[i].store(0, Release);
+            self.lens[i].store(len, Relaxed);
+            self.starts[i].store(start, Release);
+            if start != addr {
+                let k = self.next_freed.fetch_add(1, Relaxed) % FREED;
+                self.freed[k].store(addr, Relaxed);
+            }
+            self.tighten();
+            Some(start)
+        });
+        self.unlock();
+        moved
+    }
+
     /// Unlists and unmaps the block at `addr` (a start [`HugeBlocks::find`] found).
     pub(crate) fn free(&self, addr: usize) {
         self.lock();
@@ -239,21 +273,22 @@ mod tests {
         if let Some(p) = outside {
             assert_eq!(list.find("free", p), Found::Elsewhere);
         }
+        // Resized where it is or moved by the kernel, contents and listing follow it.
+        let grown = list.resize(a, 64 << 20).expect("mremap");
+        assert_eq!(list.find("realloc", grown), Found::Block(64 << 20));
+        // SAFETY: the live, listed block of 64 MiB `resize` returned.
+        let kept = unsafe { *(grown as *const u8).add((5 << 20) - 1) };
+        assert_eq!(kept, 1, "contents kept");
+        let (a0, a) = (a, grown);
         list.free(a);
         assert!(
             list.may_contain(a),
             "its start stays, to tell a second free"
         );
-        if a > b {
-            assert!(
-                !list.may_contain(a + PAGE),
-                "a freed block's inside leaves the span"
-            );
-        }
         assert_eq!(list.find("free", b), Found::Block(3 << 20));
         list.free(b);
-        // Only the two freed starts are left: the span is at most what lies between them.
-        let (first, last) = (a.min(b), a.max(b));
+        // Only freed starts are left: the span is at most what lies between them.
+        let (first, last) = (a.min(b).min(a0), a.max(b).max(a0));
         assert!(!list.may_contain(last + PAGE) && !list.may_contain(first - PAGE));
         assert!(list.may_contain(first) && list.may_contain(last));
     }

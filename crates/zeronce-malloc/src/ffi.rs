@@ -313,20 +313,18 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
         // SAFETY: a live mimalloc block (the caller's promise) staying mimalloc's.
         return unsafe { small_realloc(p, size) };
     }
+    let rt = runtime::get();
+    let large = rt.is_some_and(|rt| size >= rt.threshold());
     if HUGE.may_contain(addr) {
         if let Found::Block(old) = HUGE.find("realloc", addr) {
             // Still from the threshold up: resized where it is, its pages moved, not copied.
-            if runtime::get().is_some_and(|rt| size >= rt.threshold()) {
-                if let Some(new) = HUGE.resize(addr, size) {
-                    return new as *mut c_void;
-                }
+            if let Some(new) = large.then(|| HUGE.resize(addr, size)).flatten() {
+                return new as *mut c_void;
             }
             // SAFETY: a live listed block of `old` usable bytes.
             return unsafe { moved(p, old, size, c_malloc(size)) };
         }
     }
-    let rt = runtime::get();
-    let large = rt.is_some_and(|rt| size >= rt.threshold());
     if large && rt.is_some_and(|rt| rt.refuses(size)) {
         // `p` stays as it was, as when a move finds no room.
         return or_enomem(null_mut());

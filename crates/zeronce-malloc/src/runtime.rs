@@ -280,7 +280,7 @@ impl Runtime {
         );
         let (committed, peak) = crate::ffi::mimalloc_committed();
         out += &format!(
-            "zeronce: mimalloc committed now {}, peak {} (small blocks and declined large ones)\n",
+            "zeronce: mimalloc committed now {}, peak {} (small blocks, and declined large ones past the listed mappings)\n",
             bytes(committed as u64),
             bytes(peak as u64)
         );

@@ -170,12 +170,10 @@ impl HugeBlocks {
             }
             let start = p as usize;
             // Listed again before the new pointer leaves this thread.
-            self.starts[i].store(0, Release);
             self.lens[i].store(len, Relaxed);
             self.starts[i].store(start, Release);
             if start != addr {
-                let k = self.next_freed.fetch_add(1, Relaxed) % FREED;
-                self.freed[k].store(addr, Relaxed);
+                self.remember_freed(addr);
             }
             self.tighten();
             Some(start)
@@ -190,8 +188,7 @@ impl HugeBlocks {
         let slot = (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr);
         let len = slot.map(|i| {
             self.starts[i].store(0, Release);
-            let k = self.next_freed.fetch_add(1, Relaxed) % FREED;
-            self.freed[k].store(addr, Relaxed);
+            self.remember_freed(addr);
             self.tighten();
             self.lens[i].load(Relaxed)
         });
@@ -201,6 +198,12 @@ impl HugeBlocks {
             // Freed by another thread since it was found: the second of two frees.
             None => bad_pointer("free", addr),
         }
+    }
+
+    /// Puts `addr`, a start no longer listed, in the ring of freed starts (under the lock).
+    fn remember_freed(&self, addr: usize) {
+        let k = self.next_freed.fetch_add(1, Relaxed) % FREED;
+        self.freed[k].store(addr, Relaxed);
     }
 
     /// Recomputes the span from the listed blocks and the freed starts (under the lock).

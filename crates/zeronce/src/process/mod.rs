@@ -143,7 +143,7 @@ impl Builder<ProcessMode> {
         // is aligned to its size in the address space (an aligned allocation then needs
         // only a block as large as its alignment).
         let largest = self.manager.max_order.bytes() as usize;
-        let fits = 1usize << (usize::BITS - 1 - self.size.max(1).leading_zeros());
+        let fits = 1usize << self.size.max(1).ilog2();
         let ram = GuestRam::new_aligned(self.size, self.backing, largest.min(fits))?;
         let ram = SharedRam::new(ram);
         let pages = self.size as u64 / PAGE_SIZE;

@@ -75,8 +75,11 @@ fn every_kernel_handles_unaligned_starts_and_odd_lengths() {
             (33, 4095),
             (61, 3 * PAGE_SIZE + 5),
             (0, 257),
+            // Page by page with look-ahead: starts inside a page, ends inside another.
+            (2 * PAGE_SIZE - 128, 9 * PAGE_SIZE + 4000),
+            (64, 11 * PAGE_SIZE - 64),
         ] {
-            let (mut buf, off) = guarded(4);
+            let (mut buf, off) = guarded(12);
             zero_slice(&mut buf[off + skew..off + skew + len], kernel);
             check(
                 &buf,

@@ -18,7 +18,11 @@
  *                                       every line read, store2: a second one-byte store a
  *                                       page, thp: the faults in huge pages), then two
  *                                       memsets of zeros timed: what the first full write
- *                                       of freshly faulted pages costs on this machine
+ *                                       of freshly faulted pages costs on this machine;
+ *                                       PREP stream or stream-ahead: nothing between, and
+ *                                       both passes are streaming stores, page by page,
+ *                                       stream-ahead's with a prefetch four pages ahead
+ *                                       of the stores (zeronce's zeroing kernels)
  *   malloc_work large ITERS             20 live buffers of 5-25 MiB (random sizes, most not
  *                                       powers of two): ITERS times free one and malloc a
  *                                       new one, writing every page (wall, and process CPU
@@ -35,6 +39,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include <immintrin.h>
 
 static double ms_of(clockid_t c) {
     struct timespec t;
@@ -266,6 +271,33 @@ static int large(long iters) {
 
 /* See the usage at the top: the cost `reuse` at once pays in its round 0 (zeronce does not
  * write fresh memory at calloc, so its first full write of the pages is the timed one). */
+/* Zeros [p, p + n) (n a multiple of 4096, p page-aligned) with 32-byte streaming stores
+ * (16-byte ones without AVX2), page by page; with `ahead`, each page's stores start after
+ * a prefetch of the page four pages on, so its page walk overlaps them (what zeronce's
+ * zeroing kernels do). */
+__attribute__((target("avx2"))) static void stream_zero_avx2(char *p, size_t n, int ahead) {
+    __m256i z = _mm256_setzero_si256();
+    for (size_t page = 0; page < n; page += 4096) {
+        if (ahead && page + 4 * 4096 < n) _mm_prefetch(p + page + 4 * 4096, _MM_HINT_NTA);
+        for (size_t i = page; i < page + 4096; i += 64) {
+            _mm256_stream_si256((__m256i *)(p + i), z);
+            _mm256_stream_si256((__m256i *)(p + i + 32), z);
+        }
+    }
+    _mm_sfence();
+}
+
+static void stream_zero(char *p, size_t n, int ahead) {
+    if (__builtin_cpu_supports("avx2")) return stream_zero_avx2(p, n, ahead);
+    __m128i z = _mm_setzero_si128();
+    for (size_t page = 0; page < n; page += 4096) {
+        if (ahead && page + 4 * 4096 < n) _mm_prefetch(p + page + 4 * 4096, _MM_HINT_NTA);
+        for (size_t i = page; i < page + 4096; i += 64)
+            for (size_t k = 0; k < 64; k += 16) _mm_stream_si128((__m128i *)(p + i + k), z);
+    }
+    _mm_sfence();
+}
+
 static int firstpass(const char *prep) {
     size_t n = (size_t)256 << 20;
     char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -280,10 +312,13 @@ static int firstpass(const char *prep) {
         for (size_t i = 0; i < n; i += 64) sum += p[i];
     if (!strcmp(prep, "store2"))
         for (size_t i = 0; i < n; i += 4096) p[i + 64] = 1;
+    int stream = !strncmp(prep, "stream", 6), ahead = !strcmp(prep, "stream-ahead");
     double t0 = ms_of(CLOCK_MONOTONIC);
-    memset(p, 0, n);
+    if (stream) stream_zero(p, n, ahead);
+    else memset(p, 0, n);
     double t1 = ms_of(CLOCK_MONOTONIC);
-    memset(p, 0, n);
+    if (stream) stream_zero(p, n, ahead);
+    else memset(p, 0, n);
     double t2 = ms_of(CLOCK_MONOTONIC);
     printf("{\"workload\":\"firstpass\",\"prep\":\"%s\",\"first_ms\":%.3f,\"second_ms\":%.3f}\n",
            prep, t1 - t0, t2 - t1);
@@ -300,6 +335,7 @@ int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "large")) return large(a);
     if (argc > 2 && !strcmp(argv[1], "firstpass")) return firstpass(argv[2]);
     fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS"
-                    " | hot MIB ROUNDS | large ITERS | firstpass none|read|store2|thp\n");
+                    " | hot MIB ROUNDS | large ITERS"
+                    " | firstpass none|read|store2|thp|stream|stream-ahead\n");
     return 2;
 }

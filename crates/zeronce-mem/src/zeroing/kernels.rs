@@ -71,12 +71,15 @@ pub(crate) unsafe fn rep_stosb(ptr: *mut u8, len: usize) {
     }
 }
 
-/// Pages ahead of the stores whose address translation the cache-bypassing kernels ask
-/// for. A streaming store that misses the TLB waits for its page walk with nothing else
-/// in flight; a prefetch of a later page starts that walk early, beside the stores. On a
-/// 2-vCPU VM (AMD family 26, 4 KiB pages) the first zeroing of 256 MiB written once since
-/// their faults took 6.1-6.3 ms without it and 3.0 ms with it, and a second one 3.3-3.6
-/// against 2.8-2.9 ms; any distance from 2 to 32 pages gave the same.
+/// Bytes ahead of the stores whose address translation the cache-bypassing kernels ask
+/// for. A streaming store to a page missing from the TLB waits for its page walk, and
+/// the walk misses the cache when the page tables were pushed out of it (by the kernel's
+/// own zeroing at the faults of a large buffer, say; under a hypervisor a walk reads the
+/// host's tables too). A prefetch of a later page starts that walk early, beside the
+/// stores. `malloc_work firstpass stream|stream-ahead` (256 MiB of 4 KiB pages faulted
+/// in, then zeroed twice; AMD family 26 VM): the first zeroing 4.5-5.3 ms without and
+/// 2.9-3.0 ms with the prefetch, the second 2.8 ms both; distances from 2 to 32 pages
+/// gave the same.
 const AHEAD: usize = 4 * crate::PAGE_SIZE;
 
 /// Runs `zero` over `[ptr, ptr + len)` in pieces that do not cross a page boundary,

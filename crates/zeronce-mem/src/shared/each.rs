@@ -66,8 +66,9 @@ impl SharedRam {
     }
 
     /// The run of ranges at the start of `ranges` (one at least) whose groups are whole
-    /// groups of one word of the claim map, none twice, and whether that run (of two or
-    /// more) was claimed with one atomic step; else its ranges are to be claimed one by one.
+    /// groups of one word of the claim map, none twice, and whether that run (one range
+    /// or more) was claimed with one atomic step; else its ranges are to be claimed one by
+    /// one.
     fn claim_run(&self, ranges: &[(usize, usize)]) -> (usize, bool) {
         let Some((word, mut mask)) = ranges.first().and_then(|&r| self.whole_groups(r)) else {
             return (1, false);
@@ -80,10 +81,7 @@ impl SharedRam {
             mask |= m;
             end += 1;
         }
-        (
-            end,
-            end > 1 && self.claims.try_claim_groups(word, mask).is_ok(),
-        )
+        (end, self.claims.try_claim_groups(word, mask).is_ok())
     }
 
     /// Ends each of `claims`, as [`SharedRam::release`] would one by one; neighbouring

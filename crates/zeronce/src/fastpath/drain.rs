@@ -9,8 +9,12 @@ use super::slots::{list_order, SlotGuard};
 use super::{Keep, ThreadCaches};
 use crate::claimed::ClaimedBytes;
 
-/// Most kept huge blocks that go back to the manager together.
-pub(super) const HUGE_DRAIN: usize = 8;
+/// Most kept huge blocks that go back to the manager together: a list at its largest
+/// (an eighth of 1 GiB over two slots) gives back its older half at once. With 8, a loop
+/// of 64 order-9 allocations and frees past the kept blocks went through the zone in
+/// four batches of 8 each way; with 32 in one of 32 out and two of 16 back, and ran
+/// 5.5 % faster (`zeronce bench alloc --batch 64`, 25.6-26.0 against 27.1-27.2 M pairs/s).
+pub(super) const HUGE_DRAIN: usize = 32;
 
 impl<E: Keep> ThreadCaches<E> {
     /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):

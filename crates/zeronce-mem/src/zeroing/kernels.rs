@@ -8,7 +8,8 @@
 //! stores, which `core::arch` writes as assembly) nor `sfence`. Under `cfg(miri)` each of
 //! those instructions is replaced by an ordinary store of the same bytes with the same
 //! alignment requirement, and `sfence` by a sequentially consistent fence, so Miri checks
-//! every address, bound and alignment the kernels compute.
+//! every address, bound and alignment the kernels compute. Their prefetches (hints that
+//! change nothing a program can see) are left out there.
 //!
 //! The cache-bypassing kernels go page by page and ask for the address translation of a
 //! page a few pages ahead before they store to the current one ([`page_by_page`]).

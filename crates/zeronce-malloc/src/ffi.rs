@@ -19,7 +19,7 @@ use libmimalloc_sys as mi;
 use crate::routes::ROUTES;
 use crate::runtime;
 use crate::stderr::{bad_pointer, write_stderr};
-use huge::{Found, HUGE};
+use huge::HUGE;
 
 /// The alignment of `malloc`: no explicit one. mimalloc's plain calls align a block of
 /// 16 bytes or more to 16 (glibc's `MALLOC_ALIGNMENT`), a smaller one to 8, as its own
@@ -202,10 +202,8 @@ unsafe fn usable(call: &str, p: *mut c_void) -> usize {
                 .unwrap_or_else(|| bad_pointer(call, addr));
         }
     }
-    if HUGE.may_contain(addr) {
-        if let Found::Block(len) = HUGE.find(call, addr) {
-            return len;
-        }
+    if let Some(len) = HUGE.listed(call, addr) {
+        return len;
     }
     // SAFETY: a live mimalloc block (the caller's promise).
     unsafe { mi::mi_usable_size(p) }
@@ -282,10 +280,8 @@ unsafe fn free_in_span(p: *mut c_void) {
             return;
         }
     }
-    if HUGE.may_contain(addr) {
-        if let Found::Block(_) = HUGE.find("free", addr) {
-            return HUGE.free(addr);
-        }
+    if HUGE.listed("free", addr).is_some() {
+        return HUGE.free(addr);
     }
     // SAFETY: neither zeronce's nor listed, so a live mimalloc block (the caller's
     // promise).
@@ -315,15 +311,13 @@ unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     let rt = runtime::get();
     let large = rt.is_some_and(|rt| size >= rt.threshold());
-    if HUGE.may_contain(addr) {
-        if let Found::Block(old) = HUGE.find("realloc", addr) {
-            // Still from the threshold up: resized where it is, its pages moved, not copied.
-            if let Some(new) = large.then(|| HUGE.resize(addr, size)).flatten() {
-                return new as *mut c_void;
-            }
-            // SAFETY: a live listed block of `old` usable bytes.
-            return unsafe { moved(p, old, size, c_malloc(size)) };
+    if let Some(old) = HUGE.listed("realloc", addr) {
+        // Still from the threshold up: resized where it is, its pages moved, not copied.
+        if let Some(new) = large.then(|| HUGE.resize(addr, size)).flatten() {
+            return new as *mut c_void;
         }
+        // SAFETY: a live listed block of `old` usable bytes.
+        return unsafe { moved(p, old, size, c_malloc(size)) };
     }
     if large && rt.is_some_and(|rt| rt.refuses(size)) {
         // `p` stays as it was, as when a move finds no room.

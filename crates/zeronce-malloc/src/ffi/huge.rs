@@ -51,15 +51,6 @@ pub(crate) struct HugeBlocks {
 /// The process's list.
 pub(crate) static HUGE: HugeBlocks = HugeBlocks::new();
 
-/// What a pointer is to the list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Found {
-    /// The start of a listed block of this many usable bytes.
-    Block(usize),
-    /// Not in any listed block, and not known to be bad: someone else's (mimalloc's).
-    Elsewhere,
-}
-
 impl HugeBlocks {
     const fn new() -> Self {
         HugeBlocks {
@@ -130,16 +121,28 @@ impl HugeBlocks {
         slot.map(|_| start)
     }
 
-    /// What `addr` (inside the span) is: a listed block's start, or not this list's. A
-    /// pointer inside a listed block, or a recently freed start that no mapping holds
-    /// again, aborts with one line naming `call`.
-    pub(crate) fn find(&self, call: &str, addr: usize) -> Found {
+    /// The usable bytes of the listed block that starts at `addr`, or `None` when `addr`
+    /// is not this list's (someone else's: mimalloc's). A pointer inside a listed block,
+    /// or a recently freed start that no mapping holds again, aborts with one line naming
+    /// `call`. Outside the span, two loads.
+    #[inline(always)]
+    pub(crate) fn listed(&self, call: &str, addr: usize) -> Option<usize> {
+        if self.may_contain(addr) {
+            self.find(call, addr)
+        } else {
+            None
+        }
+    }
+
+    /// [`HugeBlocks::listed`] of an `addr` inside the span.
+    #[inline(never)]
+    fn find(&self, call: &str, addr: usize) -> Option<usize> {
         let used = self.used.load(Acquire);
         for i in 0..used {
             let start = self.starts[i].load(Acquire);
             if start != 0 && addr.wrapping_sub(start) < self.lens[i].load(Relaxed) {
                 if start == addr {
-                    return Found::Block(self.lens[i].load(Relaxed));
+                    return Some(self.lens[i].load(Relaxed));
                 }
                 bad_pointer(call, addr);
             }
@@ -148,18 +151,22 @@ impl HugeBlocks {
         if freed_here && !is_mapped(addr) {
             bad_pointer(call, addr);
         }
-        Found::Elsewhere
+        None
     }
 
-    /// Resizes the listed block at `addr` (a start [`HugeBlocks::find`] found) to at
+    /// The slot listing the block that starts at `addr` (under the lock).
+    fn slot_of(&self, addr: usize) -> Option<usize> {
+        (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr)
+    }
+
+    /// Resizes the listed block at `addr` (a start [`HugeBlocks::listed`] found) to at
     /// least `size` bytes with `mremap`, moving it if it must: its pages move as they are,
     /// none copied or touched (a `realloc` of an untouched block stays untouched). The new
     /// start, or `None` (nothing changed) if the kernel refuses.
     pub(crate) fn resize(&self, addr: usize, size: usize) -> Option<usize> {
         let len = size.max(1).checked_next_multiple_of(PAGE)?;
         self.lock();
-        let slot = (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr);
-        let moved = slot.and_then(|i| {
+        let moved = self.slot_of(addr).and_then(|i| {
             let old = self.lens[i].load(Relaxed);
             // SAFETY: `addr..addr + old` is a mapping made by `map`, its block live and the
             // caller's (being reallocated: no other thread may use it); `mremap` moves or
@@ -182,11 +189,10 @@ impl HugeBlocks {
         moved
     }
 
-    /// Unlists and unmaps the block at `addr` (a start [`HugeBlocks::find`] found).
+    /// Unlists and unmaps the block at `addr` (a start [`HugeBlocks::listed`] found).
     pub(crate) fn free(&self, addr: usize) {
         self.lock();
-        let slot = (0..self.used.load(Relaxed)).find(|&i| self.starts[i].load(Relaxed) == addr);
-        let len = slot.map(|i| {
+        let len = self.slot_of(addr).map(|i| {
             self.starts[i].store(0, Release);
             self.remember_freed(addr);
             self.tighten();
@@ -264,7 +270,7 @@ mod tests {
         assert_eq!(b % (4 << 20), 0, "aligned as asked");
         for (start, len) in [(a, 5 << 20), (b, 3 << 20)] {
             assert!(list.may_contain(start) && list.may_contain(start + len - 1));
-            assert_eq!(list.find("free", start), Found::Block(len));
+            assert_eq!(list.listed("free", start), Some(len));
             // SAFETY: a live mapping of `len` bytes made by `alloc`, nothing else uses it.
             unsafe { std::ptr::write_bytes(start as *mut u8, 1, len) };
         }
@@ -274,11 +280,11 @@ mod tests {
             .step_by(PAGE)
             .find(|&p| p.wrapping_sub(a) >= 5 << 20 && p.wrapping_sub(b) >= 3 << 20);
         if let Some(p) = outside {
-            assert_eq!(list.find("free", p), Found::Elsewhere);
+            assert_eq!(list.listed("free", p), None);
         }
         // Resized where it is or moved by the kernel, contents and listing follow it.
         let grown = list.resize(a, 64 << 20).expect("mremap");
-        assert_eq!(list.find("realloc", grown), Found::Block(64 << 20));
+        assert_eq!(list.listed("realloc", grown), Some(64 << 20));
         // SAFETY: the live, listed block of 64 MiB `resize` returned.
         let kept = unsafe { *(grown as *const u8).add((5 << 20) - 1) };
         assert_eq!(kept, 1, "contents kept");
@@ -288,7 +294,7 @@ mod tests {
             list.may_contain(a),
             "its start stays, to tell a second free"
         );
-        assert_eq!(list.find("free", b), Found::Block(3 << 20));
+        assert_eq!(list.listed("free", b), Some(3 << 20));
         list.free(b);
         // Only freed starts are left: the span is at most what lies between them.
         let (first, last) = (a.min(b).min(a0), a.max(b).max(a0));

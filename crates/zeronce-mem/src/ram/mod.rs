@@ -171,10 +171,14 @@ impl GuestRam {
     /// RAM is where the kernel maps it (aligned to its page size).
     pub fn new_aligned(size: usize, kind: BackingKind, align: usize) -> Result<GuestRam, RamError> {
         let page_size = kind.backing().page_size();
-        let align = align.max(HUGE_PAGE_2M).checked_next_power_of_two();
-        let (Some(align), false) = (align, size == 0 || !size.is_multiple_of(page_size)) else {
-            return Err(RamError::BadSize { size, page_size });
-        };
+        let bad_size = RamError::BadSize { size, page_size };
+        if size == 0 || !size.is_multiple_of(page_size) {
+            return Err(bad_size);
+        }
+        let align = align
+            .max(HUGE_PAGE_2M)
+            .checked_next_power_of_two()
+            .ok_or(bad_size)?;
         let (ptr, fd) = match kind {
             BackingKind::Anonymous { thp } => (map_anonymous_aligned(size, thp, align)?, None),
             BackingKind::Memfd | BackingKind::Hugetlb(_) => {

@@ -5,12 +5,20 @@
 //! - Level 0: one bit per page. A claim sets the bits of the pages it holds in a *group*
 //!   (64 aligned pages) it does not cover whole.
 //! - Level 1: one bit per group. A claim sets the bit of every group it covers whole.
+//! - Beside level 1, one *partial* bit per group: set (once, and never cleared) by the
+//!   first level-0 claim in the group. A group no level-0 claim has touched has no
+//!   level-0 bits to read.
 //!
-//! A claim that sets level-0 bits of group `g` then reads `g`'s level-1 bit; one that sets
-//! `g`'s level-1 bit then reads `g`'s level-0 word. Sets and reads are all `SeqCst`, so of
-//! two overlapping claims at least one sees the other (Dekker's argument over the single
-//! total order of `SeqCst` operations) and rolls back: two overlapping claims never both
-//! succeed. Two that race may both roll back; the caller retries. The release of a claim
+//! A claim that sets level-0 bits of group `g` then sets `g`'s partial bit (unless set)
+//! and reads `g`'s level-1 bit; one that sets `g`'s level-1 bit then reads `g`'s partial
+//! bit and, only if set, `g`'s level-0 word. Sets and reads are all `SeqCst`, so of two
+//! overlapping claims at least one sees the other (Dekker's argument over the single
+//! total order of `SeqCst` operations: a level-0 claimer whose level-1 read missed the
+//! group's bit made its level-0 and partial bits before that bit was set, so the group
+//! claimer's later reads see both; the partial bit, never cleared, cannot be gone by
+//! then) and rolls back: two overlapping claims never both succeed. A claim of a 16 MiB
+//! stretch of groups no small claim touched reads one partial word instead of the
+//! stretch's 64 level-0 words. Two that race may both roll back; the caller retries. The release of a claim
 //! and the reads or sets of the next claimer of the same pages are release/acquire pairs,
 //! so the next owner sees every write of the previous one.
 
@@ -25,6 +33,8 @@ pub(crate) struct ClaimMap {
     pages: Box<[AtomicU64]>,
     /// Level 1: bit `g % 64` of word `g / 64` = group `g` held whole.
     groups: Box<[AtomicU64]>,
+    /// Bit `g % 64` of word `g / 64` = group `g` has had a level-0 claim (sticky).
+    partial: Box<[AtomicU64]>,
 }
 
 /// Bits `[lo, hi)` of a word.
@@ -110,6 +120,7 @@ impl ClaimMap {
         ClaimMap {
             pages: words(groups),
             groups: words(groups.div_ceil(64)),
+            partial: words(groups.div_ceil(64)),
         }
     }
 
@@ -157,11 +168,9 @@ impl ClaimMap {
     }
 
     /// Claims groups `mask` of level-1 word `word` at once: several claims' bits, each
-    /// found by [`ClaimMap::whole_groups`], in one compare-and-swap. The check of the
-    /// other level reads every group from the lowest bit to the highest, the gaps between
-    /// the claims' groups too, so a partial claim in a gap fails them all: they are then
-    /// retried one by one. Same argument as one claim (the module docs): the set bits are
-    /// one claim of the union, and each claim's own release clears only its own.
+    /// found by [`ClaimMap::whole_groups`], in one compare-and-swap. Same argument as one
+    /// claim (the module docs): the set bits are one claim of the union, and each claim's
+    /// own release clears only its own.
     #[inline]
     pub(crate) fn try_claim_groups(&self, word: usize, mask: u64) -> Result<(), usize> {
         self.take(Piece::Groups { word, mask })
@@ -196,34 +205,28 @@ impl ClaimMap {
             }
         }
         let other = match piece {
-            // Our pages' group must not be held whole.
+            // Our pages' group must not be held whole; it is marked as having had a
+            // partial claim first (the module docs: a group claimer reads that mark).
             Piece::Pages { word: group, .. } => {
-                let held = self.groups[group / 64].load(SeqCst) & (1 << (group % 64)) != 0;
+                let (w, bit) = (group / 64, 1u64 << (group % 64));
+                if self.partial[w].load(SeqCst) & bit == 0 {
+                    self.partial[w].fetch_or(bit, SeqCst);
+                }
+                let held = self.groups[w].load(SeqCst) & bit != 0;
                 held.then_some(group * GROUP)
             }
-            // No page of our whole groups may be held by a partial claim.
+            // No page of our whole groups may be held by a partial claim: the level-0
+            // words of the groups that ever had one are read, the lowest held page named.
             Piece::Groups { word: w, mask } => {
-                let (lo, hi) = (
-                    mask.trailing_zeros() as usize,
-                    64 - mask.leading_zeros() as usize,
-                );
-                let words = &self.pages[w * 64 + lo..w * 64 + hi];
-                // All of them or-ed together first (a batch's claim reads 64 words;
-                // a page held is the rare case), then which one.
-                let any = words.iter().fold(0, |acc, word| acc | word.load(SeqCst));
-                (any != 0).then(|| {
-                    words
-                        .iter()
-                        .enumerate()
-                        .find_map(|(i, word)| {
-                            let bits = word.load(SeqCst);
-                            (bits != 0)
-                                .then(|| (w * 64 + lo + i) * GROUP + bits.trailing_zeros() as usize)
-                        })
-                        // Released between the two reads: some page was held during
-                        // the claim, which fails all the same; the first one is named.
-                        .unwrap_or((w * 64 + lo) * GROUP)
-                })
+                let mut touched = self.partial[w].load(SeqCst) & mask;
+                let mut busy = None;
+                while touched != 0 && busy.is_none() {
+                    let g = w * 64 + touched.trailing_zeros() as usize;
+                    let bits = self.pages[g].load(SeqCst);
+                    busy = (bits != 0).then(|| g * GROUP + bits.trailing_zeros() as usize);
+                    touched &= touched - 1;
+                }
+                busy
             }
         };
         match other {
@@ -324,6 +327,58 @@ mod tests {
         assert_eq!(m.try_claim_groups(word, mask), Err(groups * 64 - 1));
         m.release(groups * 64 - 1, groups * 64);
         m.try_claim(0, groups * 64).unwrap();
+    }
+
+    #[test]
+    fn a_stretch_claim_and_a_racing_page_claim_in_it_never_both_hold() {
+        // One thread claims a whole 16 MiB stretch (64 groups, one level-1 word) at once,
+        // the other one page or a few, in a different group each round, some the first
+        // in their group (no partial bit yet), some not.
+        let m = ClaimMap::new(64 * 64 * 2);
+        let holders = std::sync::atomic::AtomicUsize::new(0);
+        let rounds = if cfg!(miri) { 100 } else { 20_000usize };
+        std::thread::scope(|s| {
+            let (m, holders) = (&m, &holders);
+            s.spawn(move || {
+                for _ in 0..rounds {
+                    if m.try_claim_groups(0, u64::MAX).is_ok() {
+                        assert_eq!(holders.fetch_add(1, SeqCst), 0, "both hold");
+                        holders.fetch_sub(1, SeqCst);
+                        m.release_groups(0, u64::MAX);
+                    }
+                }
+            });
+            s.spawn(move || {
+                for i in 0..rounds {
+                    let first = (i * 67) % (64 * 64 - 3);
+                    if m.try_claim(first, first + 1 + i % 3).is_ok() {
+                        assert_eq!(holders.fetch_add(1, SeqCst), 0, "both hold");
+                        holders.fetch_sub(1, SeqCst);
+                        m.release(first, first + 1 + i % 3);
+                    }
+                }
+            });
+        });
+        // Every bit cleared: the stretch and the word after it claim whole again.
+        m.try_claim(0, 64 * 64 * 2).unwrap();
+    }
+
+    #[test]
+    fn a_group_that_had_a_partial_claim_is_checked_and_claimed_whole_once_free() {
+        let m = ClaimMap::new(64 * 64);
+        // Group 5 has a partial claim: a stretch claim fails and names its page.
+        m.try_claim(5 * 64 + 9, 5 * 64 + 12).unwrap();
+        assert_eq!(m.try_claim_groups(0, u64::MAX), Err(5 * 64 + 9));
+        assert_eq!(m.try_claim_groups(0, 0b1110_0000), Err(5 * 64 + 9));
+        // The groups beside it are not held up.
+        m.try_claim_groups(0, 0b1101_1111).unwrap();
+        m.release_groups(0, 0b1101_1111);
+        // Released, the group claims whole though it keeps its partial mark.
+        m.release(5 * 64 + 9, 5 * 64 + 12);
+        m.try_claim_groups(0, u64::MAX).unwrap();
+        assert!(m.try_claim(5 * 64 + 10, 5 * 64 + 11).is_err());
+        m.release_groups(0, u64::MAX);
+        m.try_claim(5 * 64 + 10, 5 * 64 + 11).unwrap();
     }
 
     #[test]

@@ -27,7 +27,9 @@ impl ClaimedBytes {
         mut ok: impl FnMut(usize, Self),
         mut failed: impl FnMut(usize, ClaimError),
     ) {
-        const BATCH: usize = 8;
+        // A kept list's whole refill in one piece: pieces of 8 cut a stretch whose blocks
+        // do not start at a piece's start in two, two atomic steps instead of one.
+        const BATCH: usize = 32;
         for (n, part) in blocks.chunks(BATCH).enumerate() {
             let mut ranges = [(0, 0); BATCH];
             for (r, b) in ranges.iter_mut().zip(part) {

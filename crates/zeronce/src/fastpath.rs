@@ -48,8 +48,9 @@
 //! allocation that finds none of its owner's kept on its slot lets the slot keep one
 //! more, up to an eighth of the memory shared by the slots (Linux's `high_max`), and
 //! every drain of the slot takes it back to the base. A free into a full huge list gives
-//! the list's oldest blocks back to the manager together, under one zone lock
-//! ([`drain`], Linux's `free_pcppages_bulk`), and keeps the freed block.
+//! the list's blocks (up to a batch, oldest first) back to the manager together, under
+//! one zone lock ([`drain`], Linux's `free_pcppages_bulk` in its `free_high` mode), and
+//! keeps the freed block.
 //! The other way, a dirty huge allocation that finds none kept takes up to as many
 //! resident dirty blocks from the manager under one zone lock as its slot has room for
 //! beside the one it returns, and keeps those ([`refill`], Linux's `rmqueue_bulk`).

@@ -280,8 +280,8 @@ fn a_slot_keeps_more_huge_blocks_while_allocations_find_none_and_gives_the_oldes
     drop(blocks);
     let s = pm.manager().stats();
     let kept = (s.allocated_pages / 512) as usize;
-    // A full list gives back its oldest half, at most 32 blocks together.
-    let batch = (most / 2).clamp(1, 32);
+    // A full list gives back all its blocks, at most 32 together.
+    let batch = most.clamp(1, 32);
     assert!(
         kept <= most && kept + batch > most,
         "{kept} kept, at most {most}, the last batch back at most {batch}"

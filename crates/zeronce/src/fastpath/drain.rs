@@ -1,7 +1,8 @@
 //! The way a full kept list of huge blocks makes room ([`ThreadCaches::keep_draining`]):
-//! its oldest blocks go back to the manager together, under one zone lock, as Linux's
-//! `free_pcppages_bulk` gives a per-CPU list's oldest pages back when it is over its high
-//! mark.
+//! its blocks go back to the manager together, oldest first, under one zone lock, as
+//! Linux's `free_pcppages_bulk` gives a per-CPU list's pages back when it is over its high
+//! mark. Linux frees as much as it can there when high-order pages are freed in a run
+//! (`free_high`); a free into a full huge list is such a run, so the whole list goes.
 
 use zeronce_mm::{Block, FreeHint, Order, Pfn};
 
@@ -10,18 +11,19 @@ use super::{Keep, ThreadCaches};
 use crate::claimed::ClaimedBytes;
 
 /// Most kept huge blocks that go back to the manager together: a list at its largest
-/// (an eighth of 1 GiB over two slots) gives back its older half at once. With 8, a loop
-/// of 64 order-9 allocations and frees past the kept blocks went through the zone in
-/// four batches of 8 each way; with 32 in one of 32 out and two of 16 back, and ran
-/// 5.5 % faster (`zeronce bench alloc --batch 64`, 25.6-26.0 against 27.1-27.2 M pairs/s).
+/// (an eighth of 1 GiB over two slots) goes back at once. With 8, a loop of 64 order-9
+/// allocations and frees past the kept blocks went through the zone in four batches of 8
+/// each way; with 32 and the older half of a full list in one of 32 out and two of 16
+/// back, 5.5 % faster (`zeronce bench alloc --batch 64`, 25.6-26.0 against 27.1-27.2 M
+/// pairs/s); with the whole list, one of 32 each way (2 % fewer instructions a pair).
 pub(super) const HUGE_DRAIN: usize = 32;
 
 impl<E: Keep> ThreadCaches<E> {
     /// [`ThreadCaches::keep`] of a huge block into a full list (`guard`'s list `list`):
-    /// the list's oldest blocks, up to half of it and [`HUGE_DRAIN`], go back to the
-    /// manager under one zone lock (Linux `free_pcppages_bulk`) if they are `entry`'s
-    /// owner's, and `entry` is kept in their place. Back to the caller when the oldest
-    /// kept block is another owner's.
+    /// the list's blocks, oldest first, up to [`HUGE_DRAIN`] and as far as they are
+    /// `entry`'s owner's, go back to the manager under one zone lock (Linux
+    /// `free_pcppages_bulk`), and `entry` is kept in their place. Back to the caller when
+    /// the oldest kept block is another owner's.
     #[inline(never)]
     pub(super) fn keep_draining(
         mut guard: SlotGuard<E>,
@@ -33,7 +35,7 @@ impl<E: Keep> ThreadCaches<E> {
         let n = guard
             .list(list)
             .iter()
-            .take((limit / 2).clamp(1, HUGE_DRAIN))
+            .take(limit.clamp(1, HUGE_DRAIN))
             .take_while(|e| std::ptr::eq(e.caches(), caches))
             .count();
         if n == 0 {

@@ -53,10 +53,13 @@ impl<E: Keep> ThreadCaches<E> {
         let mut allocs = [none; HUGE_REFILL];
         let want = (room + 1).min(HUGE_REFILL);
         let taken = self.mm.alloc_resident_dirty(order, &mut allocs[..want]);
-        // The first is returned; the others are pushed highest first, so the list hands
-        // them out in address order and they come back (freed in the order they were
-        // taken) with buddies side by side: the drain's sort then finds them sorted.
-        allocs[taken.min(1)..taken].reverse();
+        // Pushed highest first and the lowest (pushed last) popped again as the
+        // allocation's: the list hands the others out in address order and they come back
+        // (freed in the order they were taken) with buddies side by side, so the drain's
+        // sort finds them sorted. Claimed in that one descending run, the blocks of one
+        // 16 MiB stretch stay neighbours: one atomic step a stretch (the lowest claimed
+        // first and alone cost a step of its own, and split the next stretch's run).
+        allocs[..taken].reverse();
         let allocs = &allocs[..taken];
         let mut blocks = [none.block; HUGE_REFILL];
         for (b, a) in blocks.iter_mut().zip(allocs) {
@@ -67,8 +70,7 @@ impl<E: Keep> ThreadCaches<E> {
         if let Some(l) = self.life() {
             l.map.handed_out_each(blocks);
         }
-        let mut first = None;
-        let mut kept = 0u64;
+        let mut pushed = 0u64;
         ClaimedBytes::claim_each(
             &self.ram,
             blocks,
@@ -88,15 +90,18 @@ impl<E: Keep> ThreadCaches<E> {
                     }
                     None => list.push(wrap(allocs[k], bytes)),
                 }
-                // The first one is the allocation's, the others stay kept.
-                if first.is_none() {
-                    first = list.pop();
-                } else {
-                    kept += 1;
-                }
+                pushed += 1;
             },
             |k, e| self.unclaimable(blocks[k], e),
         );
+        // The last one pushed (the lowest claimed) is the allocation's, the others stay
+        // kept: nothing else reaches the list while the slot is held.
+        let first = if pushed > 0 {
+            guard.list(HUGE_LIST).pop()
+        } else {
+            None
+        };
+        let kept = pushed.saturating_sub(1);
         if kept > 0 {
             self.counters.count_refill(&guard, HUGE_LIST, kept);
             drop(guard);

@@ -58,7 +58,9 @@
 //! the 2 MiB blocks of one 16 MiB-aligned stretch), and a drained entry stays on its slot
 //! as a *husk* (claim taken out, owner reference kept; never a block, taken only by its
 //! owner's refill, at most as many as the list keeps), so the blocks a refill takes move
-//! into husks with no owner reference counted up or down.
+//! into husks with no owner reference counted up or down. A drain of a whole list onto
+//! no husks, and a refill of an empty list from husks all its owner's, swap the list's
+//! and the husks' vectors instead of moving entries one by one.
 //!
 //! **The way back.** Every allocated block reaches the manager through one function,
 //! [`ThreadCaches::give_back`], whoever frees it: a handle's free, or a kept block going

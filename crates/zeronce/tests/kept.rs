@@ -441,3 +441,227 @@ fn husks_of_blocks_given_back_carry_the_next_ones_and_go_with_the_owner() {
         "husks kept the memory alive after the last handle"
     );
 }
+
+#[test]
+fn husks_outnumbering_the_blocks_a_refill_finds_stay_husks() {
+    // A drain of a whole list leaves its entries as husks; a refill that finds fewer
+    // resident dirty blocks than there are husks carries those blocks in some of them
+    // and keeps the others as husks: none is handed out as a block, and they go with
+    // the owner.
+    let pm = plain();
+    let ram: Weak<SharedRam> = Arc::downgrade(pm.ram());
+    let all = SIZE / (2 << 20);
+    // Every block written once and freed: all of the memory resident and dirty, a full
+    // kept list and the husks of its drains.
+    let mut blocks: Vec<_> = (0..all).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    for b in &mut blocks {
+        b.as_mut_slice()[4096] = 0x5a;
+    }
+    drop(blocks);
+    let free = || {
+        let s = pm.manager().stats();
+        s.free_pages.iter().map(|c| c.dirty).sum::<u64>() / 512
+    };
+    // A zero-request gives the kept blocks back first (their husks stay) and takes one;
+    // dirty order-10 blocks (never kept) then hold all but three.
+    let zeroed = pm.alloc_zeroed(order(9)).unwrap();
+    let mut held = Vec::new();
+    while free() > 3 {
+        held.push(pm.alloc(order(10)).unwrap());
+    }
+    assert_eq!(free(), 3, "three resident dirty blocks left");
+    let before = pm.manager().stats().allocs[9];
+    let mut three: Vec<_> = (0..3).map(|_| pm.alloc(order(9)).unwrap()).collect();
+    assert_eq!(
+        pm.manager().stats().allocs[9] - before,
+        3,
+        "one refill of three"
+    );
+    let mut pfns: Vec<_> = three
+        .iter()
+        .chain(&held)
+        .chain([&zeroed])
+        .map(|b| b.block().pfn)
+        .collect();
+    pfns.sort();
+    pfns.dedup();
+    assert_eq!(pfns.len(), 4 + held.len(), "a block handed out twice");
+    for (i, b) in three.iter_mut().enumerate() {
+        b.as_mut_slice().fill(i as u8 + 1);
+    }
+    for (i, b) in three.iter().enumerate() {
+        assert!(b.as_slice().iter().all(|&x| x == i as u8 + 1), "block {i}");
+    }
+    assert!(
+        pm.alloc(order(9)).is_err(),
+        "a husk was handed out as a block"
+    );
+    drop((three, held, zeroed));
+    let s = pm.stats().mm;
+    assert_eq!(s.allocs[9], s.frees[9]);
+    assert_eq!(s.allocated_pages, 0);
+    pm.manager().check_invariants().unwrap();
+    drop(pm);
+    assert!(ram.upgrade().is_none(), "husks kept the memory alive");
+}
+
+#[test]
+fn two_owners_past_their_kept_huge_blocks_on_one_thread_keep_their_own() {
+    // Both owners' blocks, kept blocks and husks share the thread's slot: drains, refills
+    // and husks in place never hand one owner's block (or husk) to the other.
+    let (a, b) = (plain(), plain());
+    let n = most_huge_kept() + 24;
+    for round in 0..4u8 {
+        let mut of_a: Vec<_> = (0..n).map(|_| a.alloc(order(9)).unwrap()).collect();
+        let mut of_b: Vec<_> = (0..n).map(|_| b.alloc(order(9)).unwrap()).collect();
+        for (pm, blocks, mark) in [(&a, &mut of_a, 0xa0), (&b, &mut of_b, 0xb0)] {
+            for (i, blk) in blocks.iter_mut().enumerate() {
+                assert!(inside(pm, blk), "round {round}: another owner's block");
+                blk.as_mut_slice()[8192] = mark ^ round ^ i as u8;
+            }
+        }
+        for (pm, blocks, mark) in [(&a, &of_a, 0xa0), (&b, &of_b, 0xb0)] {
+            let mut pfns: Vec<_> = blocks.iter().map(|blk| blk.block().pfn).collect();
+            pfns.sort();
+            pfns.dedup();
+            assert_eq!(pfns.len(), n, "round {round}: a block handed out twice");
+            for (i, blk) in blocks.iter().enumerate() {
+                assert_eq!(blk.as_slice()[8192], mark ^ round ^ i as u8);
+            }
+            assert!(blocks.iter().all(|blk| inside(pm, blk)));
+        }
+        if round % 2 == 0 {
+            drop((of_a, of_b));
+        } else {
+            // Interleaved: each list holds both owners' entries when it fills.
+            for (x, y) in of_a.into_iter().zip(of_b) {
+                drop(x);
+                drop(y);
+            }
+        }
+    }
+    for pm in [&a, &b] {
+        let s = pm.stats().mm;
+        assert_eq!(s.allocs[9], s.frees[9]);
+        assert_eq!(s.allocated_pages, 0);
+        pm.manager().check_invariants().unwrap();
+    }
+    let ram_a: Weak<SharedRam> = Arc::downgrade(a.ram());
+    drop(a);
+    assert!(ram_a.upgrade().is_none(), "a's husks kept its memory alive");
+    let again: Vec<_> = (0..n).map(|_| b.alloc(order(9)).unwrap()).collect();
+    assert!(again.iter().all(|blk| inside(&b, blk)));
+}
+
+#[test]
+fn two_owners_allocating_and_freeing_huge_blocks_at_random_keep_their_own() {
+    // Seeded random runs of allocations and frees of two owners on one thread, past
+    // their kept blocks: lists holding both owners' entries, drains of whole lists and
+    // of parts, husks of both owners, refills in place and not. Every block handed out
+    // lies in its owner's memory, is no other live block, and keeps what was written.
+    let owners = [plain(), plain()];
+    let mut live: [Vec<(PageBlock, u8)>; 2] = [Vec::new(), Vec::new()];
+    let mut seed = 0x853c_49e6_748f_ea9bu64;
+    let mut next = |below: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % below as u64) as usize
+    };
+    let most = 3 * most_huge_kept();
+    for step in 0..6000usize {
+        let o = next(2);
+        // Runs: a phase of mostly allocations, then mostly frees, per owner.
+        let allocating = (step / 150 + o) % 2 == 0;
+        let alloc = live[o].is_empty()
+            || (live[o].len() < most && next(8) < if allocating { 7 } else { 1 });
+        if alloc {
+            let mut b = owners[o].alloc(order(9)).unwrap();
+            assert!(inside(&owners[o], &b), "step {step}: another owner's block");
+            let mark = step as u8;
+            b.as_mut_slice()[12288] = mark;
+            live[o].push((b, mark));
+        } else {
+            let at = if next(4) == 0 {
+                next(live[o].len())
+            } else {
+                live[o].len() - 1
+            };
+            let (b, mark) = live[o].swap_remove(at);
+            assert_eq!(
+                b.as_slice()[12288],
+                mark,
+                "step {step}: a block's bytes changed"
+            );
+            drop(b);
+        }
+        if step % 500 == 0 {
+            let mut addrs: Vec<_> = live
+                .iter()
+                .flatten()
+                .map(|(b, _)| b.as_slice().as_ptr() as usize)
+                .collect();
+            let n = addrs.len();
+            addrs.sort();
+            addrs.dedup();
+            assert_eq!(addrs.len(), n, "step {step}: a block handed out twice");
+        }
+    }
+    drop(live);
+    for pm in &owners {
+        let s = pm.stats().mm;
+        assert_eq!(s.allocs[9], s.frees[9]);
+        assert_eq!(s.allocated_pages, 0);
+        pm.manager().check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn a_refill_never_carries_its_blocks_in_another_owners_husks() {
+    // Husks of two owners on one slot: `a`'s whole list drains (its entries become
+    // husks), then `b`'s list drains onto them (one of `b`'s joins them). `a`'s next
+    // refill, its list empty, must not take those husks as its own: a block of `a`'s
+    // carried by `b`'s husk would be `b`'s to hand out and free.
+    let (a, b) = (plain(), plain());
+    let most = most_huge_kept();
+    // Both slots' limits grown to the most (every allocation past the kept blocks raises
+    // it), then everything given back: the lists and husks start empty.
+    for pm in [&a, &b] {
+        for _ in 0..4 {
+            let blocks: Vec<_> = (0..2 * most).map(|_| pm.alloc(order(9)).unwrap()).collect();
+            drop(blocks);
+        }
+    }
+    let mut rounds = Vec::new();
+    for round in 0..6 {
+        // a: one more than its list keeps, freed: the list drains whole into husks and
+        // keeps the last one, which a takes back.
+        let blocks: Vec<_> = (0..most + 1).map(|_| a.alloc(order(9)).unwrap()).collect();
+        drop(blocks);
+        let a_keeps = a.alloc(order(9)).unwrap();
+        // b: its list fills and drains onto a's husks; b takes its kept blocks back.
+        let blocks: Vec<_> = (0..most + 1).map(|_| b.alloc(order(9)).unwrap()).collect();
+        drop(blocks);
+        let b_keeps: Vec<_> = (0..most + 1).map(|_| b.alloc(order(9)).unwrap()).collect();
+        // a's list is empty: its refill meets both owners' husks.
+        let a_next: Vec<_> = (0..most).map(|_| a.alloc(order(9)).unwrap()).collect();
+        for blk in a_next.iter().chain([&a_keeps]) {
+            assert!(
+                inside(&a, blk),
+                "round {round}: a got a block outside its memory"
+            );
+        }
+        assert!(b_keeps.iter().all(|blk| inside(&b, blk)));
+        rounds.push((a_keeps, b_keeps, a_next));
+        if rounds.len() > 1 {
+            rounds.remove(0);
+        }
+    }
+    drop(rounds);
+    for pm in [&a, &b] {
+        let s = pm.stats().mm;
+        assert_eq!((s.allocs[9], s.frees[9]), (s.frees[9], s.allocs[9]));
+        assert_eq!(s.allocated_pages, 0, "a block freed to the wrong owner");
+        pm.manager().check_invariants().unwrap();
+    }
+}

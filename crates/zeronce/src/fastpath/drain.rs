@@ -59,11 +59,17 @@ impl<E: Keep> ThreadCaches<E> {
         for ((block, b), e) in blocks.iter_mut().zip(&mut bytes).zip(&mut kept[..n]) {
             (*block, *b) = e.take_claim();
         }
-        let mut drained = kept.drain(..n);
-        let holder = drained.next();
-        let room = limit.saturating_sub(husks.len());
-        husks.extend(drained.by_ref().take(room));
-        drop(drained);
+        let holder = if n == kept.len() && husks.is_empty() {
+            // The whole list, and no husks: the two vectors swap, no entry moved.
+            std::mem::swap(kept, husks);
+            husks.pop()
+        } else {
+            let mut drained = kept.drain(..n);
+            let holder = drained.next();
+            let room = limit.saturating_sub(husks.len());
+            husks.extend(drained.by_ref().take(room));
+            holder
+        };
         caches.counters.count_given_back(&guard, list, n as u64);
         caches.counters.count_keep(&guard, list, list_order(list));
         caches.kept_huge_block();

@@ -70,11 +70,33 @@ impl<E: Keep> ThreadCaches<E> {
         if let Some(l) = self.life() {
             l.map.handed_out_each(blocks);
         }
-        let mut pushed = 0u64;
+        // An empty list takes the slot's husks as they lie when all are this owner's (what
+        // a drain of the whole list leaves): the two vectors swap and the first blocks
+        // fill those husks in place, no entry moved.
+        let in_place = {
+            let (list, husks) = guard.list_and_husks(HUGE_LIST);
+            if list.is_empty()
+                && !husks.is_empty()
+                && husks.iter().all(|h| std::ptr::eq(h.caches(), self))
+            {
+                std::mem::swap(list, husks);
+                list.len()
+            } else {
+                0
+            }
+        };
+        let mut pushed = 0usize;
         ClaimedBytes::claim_each(
             &self.ram,
             blocks,
             |k, bytes| {
+                if pushed < in_place {
+                    if let Some(entry) = guard.list(HUGE_LIST).get_mut(pushed) {
+                        entry.refill(allocs[k], bytes);
+                    }
+                    pushed += 1;
+                    return;
+                }
                 // A husk of this owner's carries it if the slot has one (no reference
                 // counted up), else a new entry. The husk moves onto the list as it is
                 // and takes the block there: a kept entry is not read back from where
@@ -94,6 +116,11 @@ impl<E: Keep> ThreadCaches<E> {
             },
             |k, e| self.unclaimable(blocks[k], e),
         );
+        if pushed < in_place {
+            // Husks no block filled (fewer blocks claimed than husks) stay husks.
+            let (list, husks) = guard.list_and_husks(HUGE_LIST);
+            husks.extend(list.drain(pushed..));
+        }
         // The last one pushed (the lowest claimed) is the allocation's, the others stay
         // kept: nothing else reaches the list while the slot is held.
         let first = if pushed > 0 {
@@ -101,7 +128,7 @@ impl<E: Keep> ThreadCaches<E> {
         } else {
             None
         };
-        let kept = pushed.saturating_sub(1);
+        let kept = pushed.saturating_sub(1) as u64;
         if kept > 0 {
             self.counters.count_refill(&guard, HUGE_LIST, kept);
             drop(guard);

@@ -109,12 +109,12 @@ impl<E: Keep> ThreadCaches<E> {
             failed.push(block);
         });
         if let Some(l) = life {
-            let freed = blocks.iter().filter(|b| !failed.contains(b));
-            l.map
-                .count_freed(freed.clone().map(|b| b.order.bytes()).sum());
-            for &b in freed {
+            let mut bytes = 0;
+            for &b in blocks.iter().filter(|b| !failed.contains(b)) {
+                bytes += b.order.bytes();
                 l.after_free(b, FreeHint::Dirty);
             }
+            l.map.count_freed(bytes);
         }
     }
 }

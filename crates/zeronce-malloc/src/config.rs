@@ -26,6 +26,9 @@ pub struct Config {
     pub zeroer: Option<ZeroerConfig>,
     /// `ZERONCE_VERIFY=1`: every zero claim checked against memory (slow).
     pub verify: bool,
+    /// `ZERONCE_SCAN=0`: a freed large block's pages all count as written, without a look
+    /// at the page tables for the ones its holder never wrote (default on).
+    pub scan: bool,
     /// `ZERONCE_THP`: `0`, the large arena in 4 KiB pages instead of transparent huge
     /// pages; `1`, in huge pages; `None` (unset): huge pages unless the machine's kernel
     /// reports its free memory to a host (`zeronce::reports_free_memory_to_host`).
@@ -57,6 +60,7 @@ impl Default for Config {
             host: Host::ZeroThenReport,
             zeroer: None,
             verify: false,
+            scan: true,
             thp: None,
             show_stats: false,
         }
@@ -131,6 +135,7 @@ impl Config {
             host: host.unwrap_or(d.host),
             zeroer,
             verify: env.flag("ZERONCE_VERIFY").unwrap_or(d.verify),
+            scan: env.flag("ZERONCE_SCAN").unwrap_or(d.scan),
             thp: env.flag("ZERONCE_THP").or(d.thp),
             show_stats: env.flag("ZERONCE_SHOW_STATS").unwrap_or(d.show_stats),
         }
@@ -220,6 +225,7 @@ mod tests {
             ("ZERONCE_HOST", "hold"),
             ("ZERONCE_ZEROER", "2"),
             ("ZERONCE_VERIFY", "1"),
+            ("ZERONCE_SCAN", "0"),
             ("ZERONCE_THP", "0"),
             ("ZERONCE_SHOW_STATS", "yes"),
         ]);
@@ -231,7 +237,7 @@ mod tests {
             Host::Discard(DiscardPolicy::Hold(Duration::from_millis(250)))
         );
         assert_eq!(c.zeroer.map(|z| z.threads), Some(2));
-        assert!(c.verify && c.show_stats);
+        assert!(c.verify && c.show_stats && !c.scan);
         assert_eq!(c.thp, Some(false));
     }
 

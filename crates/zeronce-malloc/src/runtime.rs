@@ -107,7 +107,7 @@ impl Runtime {
                 Host::ZeroThenReport => backend.zero_then_report(config.delay),
                 Host::Discard(policy) => backend.policy(policy).reporting_delay(config.delay),
             };
-            let backend = backend.verify(config.verify);
+            let backend = backend.verify(config.verify).scan_freed(config.scan);
             // Unset, the backend's default: huge pages unless the host takes free memory
             // back (`zeronce::reports_free_memory_to_host`).
             let backend = match config.thp {

@@ -171,6 +171,55 @@ print(c.sum(), np.zeros((3000, 3000)).sum())
 }
 
 #[test]
+fn numpy_arrays_only_read_are_not_zeroed_again_nor_made_resident() {
+    // `np.zeros(n).sum()` in a loop: each array is `calloc`ed, only read (the kernel's zero
+    // page behind every page) and freed. The free looks at the page tables, finds no page
+    // written, and the block goes back known zero: the next array needs no memset, and
+    // the arrays never become resident (glibc maps and unmaps each one).
+    let python = Path::new("/usr/bin/python3");
+    let script = r#"
+import numpy as np
+total = 0.0
+for i in range(8):
+    total += np.zeros(16 << 20).sum()
+print(total)
+"#;
+    let make = move || {
+        let mut c = Command::new(python);
+        c.args(["-c", script]);
+        c
+    };
+    let ours = same_output(&make);
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    let skipped = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("zeronce: memsets skipped "))
+        .unwrap_or_else(|| panic!("no memset line in the report:\n{stderr}"));
+    // "<bytes> (<skipped> of <zeroed> zeroed allocations); ..."
+    let counts: Vec<&str> = skipped
+        .split(['(', ')'])
+        .nth(1)
+        .map(|c| c.split(' ').collect())
+        .unwrap_or_default();
+    assert!(
+        counts.len() > 2 && counts[0] == counts[2],
+        "an array only read was zeroed again: {skipped}"
+    );
+    let peak_mib: f64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("zeronce: process peak RSS (VmHWM, large and small together) ")
+        })
+        .and_then(|rest| rest.strip_suffix(" MiB"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS line in the report:\n{stderr}"));
+    assert!(
+        peak_mib < 128.0,
+        "peak RSS {peak_mib} MiB: a 128 MiB array became resident"
+    );
+}
+
+#[test]
 fn sqlite3_on_a_generated_database_prints_the_same() {
     let sqlite = need("sqlite3", "sqlite3");
     let sql = r#"

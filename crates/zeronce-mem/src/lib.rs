@@ -25,6 +25,7 @@ mod global;
 mod lease;
 mod ram;
 mod resident;
+mod scan;
 mod shared;
 mod vm;
 mod zeroing;
@@ -43,6 +44,8 @@ pub use ram::{BackingKind, GuestRam, HugePageSize, RamError, RangeError};
 pub use resident::{
     file_allocated_bytes, peak_rss, HugetlbPoolCounters, ProcessRss, ResidentError,
 };
+/// Which pages of private anonymous memory may hold data, from the page tables.
+pub use scan::ScanError;
 /// Guest RAM shared between threads through exclusively claimed ranges.
 pub use shared::{ClaimError, RamClaim, RamRange, SharedRam};
 /// The vm-memory bridge: a region's backing, and discards of guest ranges.

@@ -23,6 +23,7 @@ use crate::claims::ClaimMap;
 use crate::discard::{discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
 use crate::ram::{bytes_are_zero, touch_for_write, BackingKind, GuestRam};
 use crate::resident::ResidentError;
+use crate::scan::ScanError;
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 
 mod each;
@@ -153,6 +154,19 @@ impl SharedRam {
     /// Bytes the backing file has allocated (`None` for anonymous memory).
     pub fn file_allocated_bytes(&self) -> Option<Result<u64, ResidentError>> {
         self.ram.file_allocated_bytes()
+    }
+
+    /// The runs of pages of `[offset, offset + len)` that may not read zero
+    /// ([`GuestRam::for_each_maybe_written`]): from the page tables, so it touches no
+    /// byte and needs no claim.
+    pub fn for_each_maybe_written(
+        &self,
+        offset: usize,
+        len: usize,
+        granule: usize,
+        f: impl FnMut(usize, usize),
+    ) -> Result<(), ScanError> {
+        self.ram.for_each_maybe_written(offset, len, granule, f)
     }
 
     /// Claims `[offset, offset + len)` exclusively until the returned range is dropped.

@@ -422,7 +422,7 @@ impl<E: Keep> ThreadCaches<E> {
                 FreeHint::KnownZero => 0,
                 FreeHint::Dirty => zero_from.min(block.order.pages()),
             };
-            l.map.freed(block, zero_from);
+            l.freed(&self.ram, block, zero_from);
         }
         // The claim goes before the manager (or the verify read) may touch the block.
         bytes.release(&self.ram);

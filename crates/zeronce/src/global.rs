@@ -164,6 +164,8 @@ pub struct ProcessBackend {
     delay: Option<Duration>,
     zeroer: Option<ZeroerConfig>,
     verify: bool,
+    /// Freed blocks looked up in the page tables ([`crate::ProcessBuilder::scan_freed`]).
+    scan_freed: bool,
     /// Transparent huge pages for the range (`MADV_HUGEPAGE`); `None`: unless the kernel
     /// reports its free memory to a host ([`crate::reports_free_memory_to_host`]).
     thp: Option<bool>,
@@ -215,6 +217,7 @@ impl ProcessBackend {
             delay: None,
             zeroer: None,
             verify: false,
+            scan_freed: true,
             thp: None,
             state: AtomicU8::new(UNINIT),
             gate: ForkGate::new(),
@@ -281,6 +284,14 @@ impl ProcessBackend {
     /// memory (slow; for tests).
     pub const fn verify(mut self, on: bool) -> Self {
         self.verify = on;
+        self
+    }
+
+    /// Whether a freed block of 2 MiB or more is looked up in the page tables, so the
+    /// pages its holder never wrote are not zeroed again ([`crate::ProcessBuilder::scan_freed`];
+    /// default on).
+    pub const fn scan_freed(mut self, on: bool) -> Self {
+        self.scan_freed = on;
         self
     }
 
@@ -435,6 +446,7 @@ impl ProcessBackend {
             })
             .max_order(Order::new(MAX_ORDER).ok()?)
             .verify(self.verify)
+            .scan_freed(self.scan_freed)
             .reporting(self.reporting_setup());
         if let Some(zeroer) = self.zeroer {
             builder = builder.background_zeroer(zeroer);

@@ -217,3 +217,59 @@ proptest! {
         prop_assert_eq!(pm.stats().mm.verify_failures, 0);
     }
 }
+
+/// A 16 MiB block (never kept on a thread's list) of a 64 MiB memory in small pages, verify
+/// mode on (every skipped zeroing is read back), no reporting and no zeroer: what a free
+/// leaves is what the next zero-request finds.
+fn scanning(scan: bool) -> ProcessMemory {
+    ProcessMemory::builder()
+        .size(64 << 20)
+        .backing(BackingKind::Anonymous { thp: false })
+        .max_order(order(12))
+        .verify(true)
+        .no_reporting()
+        .scan_freed(scan)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_block_its_holder_only_read_goes_back_known_zero_and_a_written_page_is_found() {
+    const BLOCK: u64 = 16 << 20;
+    for scan in [true, false] {
+        let pm = scanning(scan);
+        let zeroed = |pm: &ProcessMemory| pm.stats().zeroing.alloc_path;
+        // Fresh memory, only read: the kernel's zero page behind every page.
+        let b = pm.alloc_zeroed(order(12)).unwrap();
+        assert!(b.as_slice().iter().step_by(4096).all(|&x| x == 0));
+        drop(b);
+        let before = zeroed(&pm);
+        // Handed out again: not zeroed when the free looked at the page tables.
+        let mut b = pm.alloc_zeroed(order(12)).unwrap();
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        let second = zeroed(&pm) - before;
+        // One page written, in the third 2 MiB chunk; the rest only read.
+        b.as_mut_slice()[(4 << 20) + 5 * 4096 + 9] = 7;
+        drop(b);
+        let before = zeroed(&pm);
+        let b = pm.alloc_zeroed(order(12)).unwrap();
+        assert!(b.as_slice().iter().all(|&x| x == 0), "scan {scan}");
+        let third = zeroed(&pm) - before;
+        drop(b);
+        if scan {
+            assert_eq!(second, 0, "a block only read was zeroed again");
+            assert!(
+                third > 0 && third <= 4096,
+                "scan on: {third} bytes zeroed for one written page"
+            );
+        } else {
+            assert_eq!(
+                (second, third),
+                (BLOCK, BLOCK),
+                "scan off: every page written"
+            );
+        }
+        let s = pm.stats().mm;
+        assert_eq!((s.allocated_pages, s.verify_failures), (0, 0));
+    }
+}

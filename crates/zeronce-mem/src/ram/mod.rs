@@ -23,6 +23,7 @@ use mapping::{map_anonymous_aligned, map_memfd, map_shared, unmap};
 
 use crate::discard::{check_range, discard_raw, Backing, DiscardError, DiscardOp, ZeroGuarantee};
 use crate::resident::{file_allocated_bytes, resident_bytes, ResidentError};
+use crate::scan::{self, ScanError};
 use crate::zeroing::{zero_range_hinted, ZeroKernel};
 use crate::PAGE_SIZE;
 
@@ -424,6 +425,31 @@ impl GuestRam {
     /// Bytes the backing file has allocated (`None` for anonymous memory).
     pub fn file_allocated_bytes(&self) -> Option<Result<u64, ResidentError>> {
         self.fd().map(file_allocated_bytes)
+    }
+
+    /// Calls `f` with the offset and length of each run of pages of `[offset, offset +
+    /// len)` (page aligned) that may not read zero, in address order: every page outside
+    /// those runs reads zero (never touched, discarded, or only read: the kernel's zero
+    /// page). From the page tables (`PAGEMAP_SCAN`, Linux 6.7+), no byte read. A piece of
+    /// `granule` bytes whose first page may hold data is one run whole, its other pages
+    /// not looked at (one entry read, not all). Private anonymous memory only
+    /// ([`ScanError::Backing`] otherwise). On an error `f` may have seen the runs of a
+    /// first part of the range; those are right.
+    pub fn for_each_maybe_written(
+        &self,
+        offset: usize,
+        len: usize,
+        granule: usize,
+        mut f: impl FnMut(usize, usize),
+    ) -> Result<(), ScanError> {
+        if !matches!(self.kind, BackingKind::Anonymous { .. }) {
+            return Err(ScanError::Backing);
+        }
+        let r = self
+            .check(offset, len)
+            .map_err(|_| ScanError::Range { offset, len })?;
+        let base = self.ptr.as_ptr() as usize;
+        scan::for_each_maybe_written(base + r.start, len, granule, |addr, n| f(addr - base, n))
     }
 }
 

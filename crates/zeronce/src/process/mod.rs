@@ -25,6 +25,7 @@ pub use crate::zeroing::{RamZeroer, ZeroerConfig, ZeroingStats};
 pub use device::{DeviceStats, ProcessDevice};
 pub use zeronce_balloon::DiscardPolicy;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +100,8 @@ pub struct ProcessMode {
     zeroer: Option<ZeroerConfig>,
     init_on_free: bool,
     init_on_alloc: bool,
+    /// No page-table scan of freed blocks ([`ProcessBuilder::scan_freed`]).
+    no_scan: bool,
 }
 
 /// Process mode's setters and `build`; the shared ones are [`Builder`]'s.
@@ -122,6 +125,17 @@ impl Builder<ProcessMode> {
     /// zeroed unless known zero.
     pub fn init_on_alloc(mut self, on: bool) -> Self {
         self.mode.init_on_alloc = on;
+        self
+    }
+
+    /// Whether a freed block of 2 MiB or more is looked up in the page tables before its
+    /// chunks are marked dirty (default on; private anonymous memory and Linux 6.7+
+    /// only, else off by itself): the pages its holder never wrote (never touched, or only
+    /// read: the kernel's zero page) still read zero, so they are not zeroed again and
+    /// the next zero-request skips them. A program that `calloc`s a buffer and only reads
+    /// it gets it back known zero. Costs one page-table walk of the block per free.
+    pub fn scan_freed(mut self, on: bool) -> Self {
+        self.mode.no_scan = !on;
         self
     }
 
@@ -187,6 +201,9 @@ impl Builder<ProcessMode> {
             map: Arc::clone(&map),
             init_on_free: self.mode.init_on_free,
             init_on_alloc: self.mode.init_on_alloc,
+            scan_freed: AtomicBool::new(
+                !self.mode.no_scan && matches!(ram.kind(), BackingKind::Anonymous { .. }),
+            ),
         });
         let caches = Arc::new(Caches::new(&mm, &ram, Some(Arc::clone(&life))));
         let reporter = match reporting {

@@ -21,7 +21,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use zeronce_mm::{Block, Order, PageRange, Pfn};
+use zeronce_mem::{ScanError, SharedRam};
+use zeronce_mm::{Block, Order, PageRange, Pfn, PAGE_SIZE};
 
 use super::chunks::ChunkStates;
 use super::written::WrittenPages;
@@ -243,6 +244,44 @@ impl ZeroMap {
             let zero = chunk.start.0 >= first_zero || !self.written.any_written(chunk);
             self.set(i, if zero { ZERO } else { DIRTY });
         }
+    }
+
+    /// [`ZeroMap::freed`], the pages before `zero_from` looked up in `ram`'s page tables
+    /// first ([`SharedRam::for_each_maybe_written`]): the ones no page of the process's own
+    /// backs (never touched, discarded, or only ever read) read zero whatever the holder
+    /// was allowed to do, and are no longer counted written; the others are. So a chunk
+    /// its holder only read goes back `Zero`: not zeroed again, not faulted in to be, and
+    /// the next zero-request skips it. On a scan error the pages it had not reached keep
+    /// their bits (written, as without a scan), and the error is returned.
+    pub(crate) fn freed_scanned(
+        &self,
+        block: Block,
+        zero_from: u64,
+        ram: &SharedRam,
+    ) -> Result<(), ScanError> {
+        let range = block.range();
+        let head_end = range.start.0 + zero_from.min(range.pages);
+        let page = |offset: usize| offset as u64 / PAGE_SIZE;
+        // The next page the scan has not settled.
+        let mut at = range.start.0;
+        let scanned = ram.for_each_maybe_written(
+            range.start.byte_offset() as usize,
+            ((head_end - at) * PAGE_SIZE) as usize,
+            self.chunk_order.bytes() as usize,
+            |offset, len| {
+                let (first, pages) = (page(offset), page(len));
+                self.written
+                    .mark(PageRange::new(Pfn(at), first - at), false);
+                self.written.mark(PageRange::new(Pfn(first), pages), true);
+                at = first + pages;
+            },
+        );
+        if scanned.is_ok() {
+            self.written
+                .mark(PageRange::new(Pfn(at), head_end - at), false);
+        }
+        self.freed(block, zero_from);
+        scanned
     }
 
     /// [`ZeroMap::freed`] of each of `blocks`, freed dirty together (no page vouched

@@ -1,0 +1,336 @@
+//! Which pages of a private anonymous mapping may hold data, read from the page tables
+//! with Linux's `PAGEMAP_SCAN` (Linux 6.7 and later), without touching the memory.
+//!
+//! A page of a private anonymous mapping reads zero unless the kernel holds a page of its
+//! own for it: a page table entry that is empty (never touched, or discarded) or that maps
+//! the shared zero page (only ever read) stands for zeros. Every other entry, a present
+//! page or one swapped or migrating out, may hold data. So the runs of pages whose entry
+//! is present and not the zero page, or not present and not empty, are all the pages that
+//! may not read zero, and everything between them does.
+//!
+//! This holds only for private anonymous memory: a shared or file mapping's page may hold
+//! data in the page cache while this process's entry for it is empty. Callers ask only for
+//! such memory ([`crate::GuestRam::for_each_maybe_written`] checks the backing).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use rustix::fs::{open, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::PAGE_SIZE;
+
+/// The ioctl: `_IOWR('f', 16, struct pm_scan_arg)` (`include/uapi/linux/fs.h`).
+const PAGEMAP_SCAN: libc::c_ulong =
+    (3 << 30) | ((PmScanArg::SIZE as libc::c_ulong) << 16) | (0x66 << 8) | 16;
+
+/// Page categories (`PAGE_IS_*`): the entry maps a page.
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+/// The entry holds a swap (or migration) entry.
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+/// The entry maps the shared zero page (a page or huge page only ever read).
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+
+/// `struct pm_scan_arg`.
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+impl PmScanArg {
+    const SIZE: usize = std::mem::size_of::<PmScanArg>();
+}
+
+/// `struct page_region`: pages `[start, end)` (addresses) of one run.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+/// Runs asked for per call.
+const RUNS: usize = 32;
+
+/// Why a scan could not be made.
+#[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScanError {
+    /// The range is empty, not page aligned, or outside the mapping.
+    #[error("range {offset:#x}+{len:#x} is empty, not page aligned or outside the mapping")]
+    Range {
+        /// Start offset.
+        offset: usize,
+        /// Length.
+        len: usize,
+    },
+    /// The memory is not private anonymous: its page tables do not tell what it holds.
+    #[error("the page tables of a shared or file mapping do not tell what it holds")]
+    Backing,
+    /// The kernel refused (`ENOTTY`/`EINVAL`: before Linux 6.7; `EACCES`/`EPERM`: no
+    /// access to `/proc/self/pagemap`).
+    #[error("{call} failed: {errno}")]
+    Os {
+        /// The call.
+        call: &'static str,
+        /// The error the kernel returned.
+        errno: Errno,
+    },
+}
+
+/// Calls `f` with the address and length of each run of pages of `[addr, addr + len)`
+/// that may not read zero (see the module docs), in address order. `addr` and `len` must
+/// be page aligned and lie in one private anonymous mapping of the caller's.
+///
+/// The range is looked at in pieces of `granule` bytes (from `addr`): a piece whose first
+/// page may hold data is reported whole, its other pages not looked at (a piece written
+/// from its start is the common case, and one page-table entry is read for it instead of
+/// all of them); in the others each page is looked at. So a run may include pages that
+/// read zero, never the other way round. On an error `f` may have seen the runs of a
+/// first part of the range (those are right).
+pub(crate) fn for_each_maybe_written(
+    addr: usize,
+    len: usize,
+    granule: usize,
+    mut f: impl FnMut(usize, usize),
+) -> Result<(), ScanError> {
+    // Runs that touch are passed on as one: `pending` waits for the next.
+    let mut pending: Option<(usize, usize)> = None;
+    let mut run = |s: usize, e: usize| match &mut pending {
+        Some((_, pe)) if *pe == s => *pe = e,
+        _ => {
+            if let Some((ps, pe)) = pending.replace((s, e)) {
+                f(ps, pe - ps);
+            }
+        }
+    };
+    let scanned = scan_pieces(addr, len, granule, &mut run);
+    if let Some((ps, pe)) = pending {
+        f(ps, pe - ps);
+    }
+    scanned
+}
+
+/// [`for_each_maybe_written`] before runs that touch are joined: `run(start, end)`.
+fn scan_pieces(
+    addr: usize,
+    len: usize,
+    granule: usize,
+    run: &mut impl FnMut(usize, usize),
+) -> Result<(), ScanError> {
+    let end = addr
+        .checked_add(len)
+        .ok_or(ScanError::Range { offset: addr, len })?;
+    if len == 0 || !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
+        return Err(ScanError::Range { offset: addr, len });
+    }
+    let granule = granule.max(PAGE_SIZE);
+    // Opened per scan: a descriptor kept would stay the parent's pagemap in a child
+    // after `fork`. A literal path: no allocation (this runs inside `free`).
+    let pagemap = open(
+        c"/proc/self/pagemap",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| ScanError::Os {
+        call: "open /proc/self/pagemap",
+        errno,
+    })?;
+    let mut runs = [PageRegion::default(); RUNS];
+    let mut piece = addr;
+    while piece < end {
+        let piece_end = end.min(piece.saturating_add(granule));
+        // The first page of the piece that may hold data, if any.
+        let first = match scan(&pagemap, piece, piece_end, &mut runs[..1], 1)? {
+            (0, _) => None,
+            _ => Some(usize::try_from(runs[0].start).unwrap_or(piece)),
+        };
+        match first {
+            None => {}
+            Some(p) if p <= piece => run(piece, piece_end),
+            Some(p) => {
+                let mut at = p;
+                while at < piece_end {
+                    let (n, walked) = scan(&pagemap, at, piece_end, &mut runs, 0)?;
+                    for r in &runs[..n] {
+                        let (s, e) = (usize::try_from(r.start), usize::try_from(r.end));
+                        if let (Ok(s), Ok(e)) = (s, e) {
+                            if s < e {
+                                run(s, e);
+                            }
+                        }
+                    }
+                    at = walked;
+                }
+            }
+        }
+        piece = piece_end;
+    }
+    Ok(())
+}
+
+/// One `PAGEMAP_SCAN` of `[start, end)` for pages that may hold data, at most `max_pages`
+/// of them (0: no limit), into `runs`: how many runs it filled and where the walk ended
+/// (past `start`: a walk that stopped early stopped at a full `runs` or `max_pages`).
+fn scan(
+    pagemap: &OwnedFd,
+    start: usize,
+    end: usize,
+    runs: &mut [PageRegion],
+    max_pages: u64,
+) -> Result<(usize, usize), ScanError> {
+    let mut arg = PmScanArg {
+        size: PmScanArg::SIZE as u64,
+        start: start as u64,
+        end: end as u64,
+        vec: runs.as_mut_ptr() as u64,
+        vec_len: runs.len() as u64,
+        max_pages,
+        // Not the zero page, and present or swapped.
+        category_inverted: PAGE_IS_PFNZERO,
+        category_mask: PAGE_IS_PFNZERO,
+        category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        ..PmScanArg::default()
+    };
+    // SAFETY: `arg` is a valid `pm_scan_arg` of the size it states; the kernel writes at
+    // most `vec_len` regions to `vec`, which points to that many, and `walk_end` into
+    // `arg`. Both outlive the call. It reads page tables only.
+    let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+    if n < 0 {
+        return Err(ScanError::Os {
+            call: "ioctl PAGEMAP_SCAN",
+            errno: Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::INVAL),
+        });
+    }
+    let filled = usize::try_from(n).unwrap_or(0).min(runs.len());
+    let walked = usize::try_from(arg.walk_end).unwrap_or(end);
+    if walked <= start && filled == 0 {
+        // No run and no step: the kernel would loop us forever.
+        return Err(ScanError::Os {
+            call: "ioctl PAGEMAP_SCAN (no progress)",
+            errno: Errno::INVAL,
+        });
+    }
+    Ok((filled, walked.max(start + PAGE_SIZE).min(end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discard::DiscardOp;
+    use crate::{BackingKind, GuestRam};
+
+    const P: usize = PAGE_SIZE;
+
+    /// The runs of `[offset, offset + len)` of `ram` looked at page by page, as (first
+    /// page, pages).
+    fn runs(ram: &GuestRam, offset: usize, len: usize) -> Vec<(usize, usize)> {
+        runs_in(ram, offset, len, P)
+    }
+
+    /// The runs of `[offset, offset + len)` of `ram` looked at in pieces of `granule`.
+    fn runs_in(ram: &GuestRam, offset: usize, len: usize, granule: usize) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = Vec::new();
+        ram.for_each_maybe_written(offset, len, granule, |o, n| {
+            assert!(
+                v.last().is_none_or(|&(s, m)| (s + m) * P <= o),
+                "runs in order"
+            );
+            v.push((o / P, n / P));
+        })
+        .expect("PAGEMAP_SCAN (Linux 6.7+) on private anonymous memory");
+        v
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap")]
+    fn written_pages_are_found_and_untouched_read_or_discarded_ones_are_not() {
+        // Small pages only: a transparent huge page would make its whole 2 MiB present.
+        let mut ram = GuestRam::new(8 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        assert!(runs(&ram, 0, ram.len()).is_empty(), "fresh memory");
+        ram.write(3 * P + 17, &[1]).unwrap();
+        ram.write(4 * P, &[2]).unwrap();
+        ram.write(10 * P + P - 1, &[3]).unwrap();
+        // A page written with zeros holds a page of its own: it may hold data as far as
+        // the page tables tell.
+        ram.write(700 * P, &[0]).unwrap();
+        // Only read: the kernel's zero page.
+        let mut b = [0xffu8; 8];
+        ram.read(20 * P, &mut b).unwrap();
+        ram.read(1500 * P, &mut b).unwrap();
+        assert_eq!(b, [0; 8]);
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(3, 2), (10, 1), (700, 1)]);
+        // A part of the range: runs are clipped to it.
+        assert_eq!(runs(&ram, 4 * P, 8 * P), vec![(4, 1), (10, 1)]);
+        // Discarded pages read zero again.
+        assert!(ram
+            .discard(10 * P, P, DiscardOp::DontNeed)
+            .unwrap()
+            .is_zeroed());
+        assert_eq!(runs(&ram, 0, 16 * P), vec![(3, 2)]);
+        // In pieces of 2 MiB: a piece written from its first page is one run whole, the
+        // others are looked at page by page.
+        ram.write(1024 * P, &[4]).unwrap();
+        ram.write(1030 * P, &[5]).unwrap();
+        assert_eq!(
+            runs_in(&ram, 0, ram.len(), 2 << 20),
+            vec![(3, 2), (700, 1), (1024, 512)]
+        );
+        assert_eq!(runs(&ram, 1024 * P, 512 * P), vec![(1024, 1), (1030, 1)]);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap")]
+    fn more_runs_than_one_call_returns_are_all_found() {
+        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        // Every third page: 342 runs, more than one call's RUNS.
+        for page in (0..ram.len() / P).step_by(3) {
+            ram.write(page * P, &[9]).unwrap();
+        }
+        // Page by page, and in pieces of 2 MiB whose first page was not written.
+        let found = runs(&ram, P, ram.len() - P);
+        let want: Vec<_> = (3..ram.len() / P).step_by(3).map(|p| (p, 1)).collect();
+        assert!(want.len() > 3 * RUNS);
+        assert_eq!(found, want);
+        assert!(ram.discard(0, P, DiscardOp::DontNeed).unwrap().is_zeroed());
+        let found = runs_in(&ram, 0, ram.len(), 2 << 20);
+        assert_eq!(found, want);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: memfd_create, ioctl")]
+    fn shared_memory_and_bad_ranges_are_refused() {
+        let shared = GuestRam::new(4 << 20, BackingKind::Memfd).unwrap();
+        let none = |_, _| panic!("no run of a refused scan");
+        let shared_scan = |offset, len| shared.for_each_maybe_written(offset, len, P, none);
+        assert_eq!(shared_scan(0, P), Err(ScanError::Backing));
+        let ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        for (offset, len) in [(0, 0), (1, P), (0, P + 1), (ram.len(), P), (usize::MAX, P)] {
+            assert!(
+                matches!(
+                    ram.for_each_maybe_written(offset, len, P, none),
+                    Err(ScanError::Range { .. })
+                ),
+                "{offset:#x}+{len:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_ioctl_number_is_the_kernels() {
+        // `_IOWR('f', 16, struct pm_scan_arg)` with its 96 bytes, as the kernel defines it.
+        assert_eq!(PmScanArg::SIZE, 96);
+        assert_eq!(PAGEMAP_SCAN, 0xc060_6610);
+    }
+}

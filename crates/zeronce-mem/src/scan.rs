@@ -12,9 +12,10 @@
 //! data in the page cache while this process's entry for it is empty. Callers ask only for
 //! such memory ([`crate::GuestRam::for_each_maybe_written`] checks the backing).
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use rustix::fs::{open, Mode, OFlags};
+use rustix::fs::{fstat, open, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::PAGE_SIZE;
@@ -136,23 +137,113 @@ fn scan_pieces(
         return Err(ScanError::Range { offset: addr, len });
     }
     let granule = granule.max(PAGE_SIZE);
-    // Opened per scan: a descriptor kept would stay the parent's pagemap in a child
-    // after `fork`. A literal path: no allocation (this runs inside `free`).
-    let pagemap = open(
-        c"/proc/self/pagemap",
-        OFlags::RDONLY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| ScanError::Os {
-        call: "open /proc/self/pagemap",
-        errno,
-    })?;
+    match Pagemap::get(false) {
+        // The kept descriptor was closed or replaced behind our back: a new one.
+        Err(ScanError::Os { errno, .. }) if errno == Errno::BADF => {
+            scan_with(&Pagemap::get(true)?, addr, end, granule, run)
+        }
+        Err(e) => Err(e),
+        Ok(pagemap) => scan_with(&pagemap, addr, end, granule, run),
+    }
+}
+
+/// This process's `/proc/self/pagemap`, opened at the first scan and kept (an open and a
+/// close cost ten times the scan of a 2 MiB block written whole): the process id it was
+/// opened in (high 32 bits) and the descriptor (low 32), 0 before. A child of `fork`
+/// inherits its parent's descriptor, which reads the parent's page tables, so a scan
+/// checks the id first (the inherited one is left open: the child may have reused its
+/// number). [`KEPT_INODE`] is its inode: a program that closed it and opened another
+/// file under its number is caught by an `fstat` before each scan.
+static KEPT: AtomicU64 = AtomicU64::new(0);
+/// The inode of [`KEPT`]'s file, stored before it.
+static KEPT_INODE: AtomicU64 = AtomicU64::new(0);
+
+/// The process id and descriptor of a [`KEPT`] value.
+fn unpack(kept: u64) -> (u32, RawFd) {
+    let [fd @ .., _, _, _, _] = kept.to_le_bytes();
+    let pid = u32::try_from(kept >> 32).unwrap_or(0);
+    (pid, i32::from_le_bytes([fd[0], fd[1], fd[2], fd[3]]))
+}
+
+/// A pagemap descriptor for one scan: the kept one, or one of its own (closed after).
+enum Pagemap {
+    Kept(RawFd),
+    Own(OwnedFd),
+}
+
+impl Pagemap {
+    /// This process's pagemap: the kept one when it is still this process's and still
+    /// that file (`renew`: not even then), else a new one, kept if no other thread kept
+    /// one meanwhile.
+    fn get(renew: bool) -> Result<Pagemap, ScanError> {
+        let pid = rustix::process::getpid()
+            .as_raw_nonzero()
+            .get()
+            .cast_unsigned();
+        let kept = KEPT.load(Acquire);
+        let (kept_pid, fd) = unpack(kept);
+        if !renew && kept != 0 && kept_pid == pid {
+            // SAFETY: the descriptor is only borrowed for this `fstat`; a closed one
+            // makes the call fail (EBADF), it touches no memory of ours.
+            let file = unsafe { BorrowedFd::borrow_raw(fd) };
+            match fstat(file) {
+                Ok(st) if st.st_ino == KEPT_INODE.load(Acquire) => return Ok(Pagemap::Kept(fd)),
+                Ok(_) | Err(_) => {
+                    return Err(ScanError::Os {
+                        call: "fstat of the kept pagemap",
+                        errno: Errno::BADF,
+                    })
+                }
+            }
+        }
+        // A literal path: no allocation (this runs inside `free`).
+        let own = open(
+            c"/proc/self/pagemap",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| ScanError::Os {
+            call: "open /proc/self/pagemap",
+            errno,
+        })?;
+        let inode = fstat(&own)
+            .map_err(|errno| ScanError::Os {
+                call: "fstat /proc/self/pagemap",
+                errno,
+            })?
+            .st_ino;
+        let fd = own.as_raw_fd();
+        KEPT_INODE.store(inode, Release);
+        let new = (u64::from(pid) << 32) | u64::from(fd.cast_unsigned());
+        if KEPT.compare_exchange(kept, new, AcqRel, Acquire).is_ok() {
+            // Kept from now on (the one it replaced is left open, see `KEPT`).
+            return Ok(Pagemap::Kept(own.into_raw_fd()));
+        }
+        Ok(Pagemap::Own(own))
+    }
+
+    fn raw(&self) -> RawFd {
+        match self {
+            Pagemap::Kept(fd) => *fd,
+            Pagemap::Own(own) => own.as_raw_fd(),
+        }
+    }
+}
+
+/// [`scan_pieces`] with a pagemap descriptor, to `end`.
+fn scan_with(
+    pagemap: &Pagemap,
+    addr: usize,
+    end: usize,
+    granule: usize,
+    run: &mut impl FnMut(usize, usize),
+) -> Result<(), ScanError> {
     let mut runs = [PageRegion::default(); RUNS];
     let mut piece = addr;
     while piece < end {
         let piece_end = end.min(piece.saturating_add(granule));
         // The first page of the piece that may hold data, if any.
-        let first = match scan(&pagemap, piece, piece_end, &mut runs[..1], 1)? {
+        let first = match scan(pagemap, piece, piece_end, &mut runs[..1], 1)? {
             (0, _) => None,
             _ => Some(usize::try_from(runs[0].start).unwrap_or(piece)),
         };
@@ -162,7 +253,7 @@ fn scan_pieces(
             Some(p) => {
                 let mut at = p;
                 while at < piece_end {
-                    let (n, walked) = scan(&pagemap, at, piece_end, &mut runs, 0)?;
+                    let (n, walked) = scan(pagemap, at, piece_end, &mut runs, 0)?;
                     for r in &runs[..n] {
                         let (s, e) = (usize::try_from(r.start), usize::try_from(r.end));
                         if let (Ok(s), Ok(e)) = (s, e) {
@@ -184,7 +275,7 @@ fn scan_pieces(
 /// of them (0: no limit), into `runs`: how many runs it filled and where the walk ended
 /// (past `start`: a walk that stopped early stopped at a full `runs` or `max_pages`).
 fn scan(
-    pagemap: &OwnedFd,
+    pagemap: &Pagemap,
     start: usize,
     end: usize,
     runs: &mut [PageRegion],
@@ -206,7 +297,7 @@ fn scan(
     // SAFETY: `arg` is a valid `pm_scan_arg` of the size it states; the kernel writes at
     // most `vec_len` regions to `vec`, which points to that many, and `walk_end` into
     // `arg`. Both outlive the call. It reads page tables only.
-    let n = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+    let n = unsafe { libc::ioctl(pagemap.raw(), PAGEMAP_SCAN as _, &mut arg) };
     if n < 0 {
         return Err(ScanError::Os {
             call: "ioctl PAGEMAP_SCAN",
@@ -233,6 +324,14 @@ mod tests {
 
     const P: usize = PAGE_SIZE;
 
+    /// Held by every test that scans: one of them closes the kept descriptor, which the
+    /// others (threads of one process under `cargo test`) must not see mid-scan.
+    static SCANS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        SCANS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The runs of `[offset, offset + len)` of `ram` looked at page by page, as (first
     /// page, pages).
     fn runs(ram: &GuestRam, offset: usize, len: usize) -> Vec<(usize, usize)> {
@@ -256,6 +355,7 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap")]
     fn written_pages_are_found_and_untouched_read_or_discarded_ones_are_not() {
+        let _one = one_at_a_time();
         // Small pages only: a transparent huge page would make its whole 2 MiB present.
         let mut ram = GuestRam::new(8 << 20, BackingKind::Anonymous { thp: false }).unwrap();
         assert!(runs(&ram, 0, ram.len()).is_empty(), "fresh memory");
@@ -293,6 +393,7 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap")]
     fn more_runs_than_one_call_returns_are_all_found() {
+        let _one = one_at_a_time();
         let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
         // Every third page: 342 runs, more than one call's RUNS.
         for page in (0..ram.len() / P).step_by(3) {
@@ -311,6 +412,7 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "needs syscalls: memfd_create, ioctl")]
     fn shared_memory_and_bad_ranges_are_refused() {
+        let _one = one_at_a_time();
         let shared = GuestRam::new(4 << 20, BackingKind::Memfd).unwrap();
         let none = |_, _| panic!("no run of a refused scan");
         let shared_scan = |offset, len| shared.for_each_maybe_written(offset, len, P, none);
@@ -325,6 +427,72 @@ mod tests {
                 "{offset:#x}+{len:#x}"
             );
         }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap, close")]
+    fn a_kept_descriptor_the_program_closed_or_reused_is_replaced() {
+        let _one = one_at_a_time();
+        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        ram.write(7 * P, &[1]).unwrap();
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)]);
+        let kept = KEPT.load(Acquire);
+        assert_ne!(kept, 0, "the first scan keeps its descriptor");
+        // The program closes it (as a daemon closing every descriptor does)...
+        // SAFETY: the test owns the kept descriptor; nothing else uses it meanwhile.
+        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(unpack(kept).1) });
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)], "after a close");
+        // ... and opens another file under its number.
+        let kept = KEPT.load(Acquire);
+        // SAFETY: as above.
+        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(unpack(kept).1) });
+        let other = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(other.as_raw_fd(), unpack(kept).1, "the number reused");
+        ram.write(9 * P, &[1]).unwrap();
+        assert_eq!(
+            runs(&ram, 0, ram.len()),
+            vec![(7, 1), (9, 1)],
+            "after a reuse"
+        );
+        assert_ne!(unpack(KEPT.load(Acquire)).1, other.as_raw_fd());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: fork, ioctl on /proc/self/pagemap")]
+    fn a_child_of_fork_reads_its_own_page_tables_not_its_parents() {
+        let _one = one_at_a_time();
+        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        ram.write(7 * P, &[1]).unwrap();
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)], "kept in the parent");
+        // SAFETY: the child only writes its copy of the RAM, scans (no allocation) and
+        // leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // The child writes a page its parent did not: its own scan must see it.
+            ram.write(5 * P, &[1]).unwrap();
+            let mut found = [0usize; 4];
+            let mut n = 0;
+            let ok = ram
+                .for_each_maybe_written(0, ram.len(), P, |o, len| {
+                    if n < found.len() {
+                        found[n] = o / P * 1000 + len / P;
+                    }
+                    n += 1;
+                })
+                .is_ok();
+            let right = ok && n == 2 && found[..2] == [5001, 7001];
+            // SAFETY: leaves the child without running the parent's exit handlers.
+            unsafe { libc::_exit(if right { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child scanned its parent's page tables (status {status:#x})"
+        );
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)], "the parent's own");
     }
 
     #[test]

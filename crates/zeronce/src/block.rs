@@ -12,7 +12,7 @@ use zeronce_mm::{AllocRequest, Allocation, Block, FreeHint, Order, PageRange, PA
 
 use crate::claimed::ClaimedBytes;
 use crate::error::{BlockError, FreeError};
-use crate::fastpath::{Keep, Slots, ThreadCaches, Via, HUGE_ORDER};
+use crate::fastpath::{Keep, PageTables, Slots, ThreadCaches, Via, HUGE_ORDER};
 use crate::threads::PerThread;
 use crate::words::AllocWords;
 use crate::zeroing::zeromap::Site;
@@ -392,7 +392,9 @@ impl PageBlock {
                 hint = FreeHint::KnownZero;
             }
         }
-        let result = caches.give_back(block, &mut claimed.bytes, hint, zero_from, Via::Cache);
+        let pages = PageTables::of(&claimed.alloc.get());
+        let bytes = &mut claimed.bytes;
+        let result = caches.give_back(block, bytes, hint, zero_from, pages, Via::Cache);
         if result.is_err() {
             self.claimed = Some(claimed);
         }

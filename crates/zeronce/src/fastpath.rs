@@ -87,7 +87,7 @@ use zeronce_mm::reporting::{ManagerHooks, Notifier};
 use zeronce_mm::sync::lock;
 use zeronce_mm::{
     AllocError, AllocRequest, Allocation, Block, FreeError, FreeHint, MemoryManager, Order,
-    PcpCache, Stats, PAGE_SIZE, PCP_MAX_ORDER,
+    PcpCache, Stats, Zeroing, PAGE_SIZE, PCP_MAX_ORDER,
 };
 
 use crate::claimed::ClaimedBytes;
@@ -120,6 +120,35 @@ pub(crate) trait Keep: Send + Sized + 'static {
     fn take_claim(&mut self) -> (Block, ClaimedBytes);
     /// A husk carries a new block: `alloc`, its claimed `bytes`.
     fn refill(&mut self, alloc: Allocation, bytes: ClaimedBytes);
+}
+
+/// Whether [`ThreadCaches::give_back`] looks a freed block up in the page tables: the
+/// pages with no page of the process's own behind them read zero, whatever the holder
+/// was allowed to do ([`crate::zeroing::Lifecycle::freed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PageTables {
+    /// Some pages may have had none when the block was handed out (fresh, reported, or
+    /// known zero without a write: the zero map's or the zeroer's), so may still have none.
+    Look,
+    /// Every page had one when the block was handed out (zeroed on the allocation path, or
+    /// resident dirty), and a page keeps it: a look would find them all.
+    Skip,
+}
+
+impl PageTables {
+    /// What `alloc` tells of its block's pages when it was handed out.
+    pub(crate) fn of(alloc: &Allocation) -> PageTables {
+        let backed = match alloc.zeroing {
+            Zeroing::Done => true,
+            Zeroing::Skipped => false,
+            Zeroing::NotRequested => !alloc.prior.known_zero && !alloc.prior.reported,
+        };
+        if backed {
+            PageTables::Skip
+        } else {
+            PageTables::Look
+        }
+    }
 }
 
 /// Where [`ThreadCaches::give_back`] sends a block.
@@ -396,15 +425,18 @@ impl<E: Keep> ThreadCaches<E> {
     /// Gives a kept block back to the manager as if its owner freed it now.
     fn give_back_kept(&self, entry: E) {
         let (block, mut bytes) = entry.into_claim();
-        if let Err(e) = self.give_back(block, &mut bytes, FreeHint::Dirty, u64::MAX, Via::Manager) {
+        // A kept block went to its last holder dirty (its pages were written before).
+        let (hint, pages) = (FreeHint::Dirty, PageTables::Skip);
+        if let Err(e) = self.give_back(block, &mut bytes, hint, u64::MAX, pages, Via::Manager) {
             tracing::error!(%e, %block, "giving a kept block back failed");
         }
     }
 
     /// The one way back to the manager for an allocated `block` whose claimed `bytes` are
     /// released here first, freed with `hint`, its pages from `zero_from` on known to read
-    /// zero. The zero map learns of it before the manager (a zeroer must not see the block
-    /// free before), and counts it once freed. On a failed free the block is still
+    /// zero, the others looked up in the page tables or not (`pages`). The zero map learns
+    /// of it before the manager (a zeroer must not see the block free before), and counts
+    /// it once freed. On a failed free the block is still
     /// allocated: the map says so again (in use, every page written, or a later
     /// zero-request would skip pages its holder wrote) and after a failed known-zero free
     /// the bytes are claimed again, so the holder can free it dirty.
@@ -414,6 +446,7 @@ impl<E: Keep> ThreadCaches<E> {
         bytes: &mut ClaimedBytes,
         hint: FreeHint,
         zero_from: u64,
+        pages: PageTables,
         via: Via,
     ) -> Result<(), FreeError> {
         let life = self.life();
@@ -422,7 +455,7 @@ impl<E: Keep> ThreadCaches<E> {
                 FreeHint::KnownZero => 0,
                 FreeHint::Dirty => zero_from.min(block.order.pages()),
             };
-            l.freed(&self.ram, block, zero_from);
+            l.freed(&self.ram, block, zero_from, pages);
         }
         // The claim goes before the manager (or the verify read) may touch the block.
         bytes.release(&self.ram);

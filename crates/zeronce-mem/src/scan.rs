@@ -332,6 +332,15 @@ mod tests {
         SCANS.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The scans to oneself, and 4 MiB of small pages with page 7 written and scanned once.
+    fn page_seven_written() -> (std::sync::MutexGuard<'static, ()>, GuestRam) {
+        let one = one_at_a_time();
+        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
+        ram.write(7 * P, &[1]).unwrap();
+        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)]);
+        (one, ram)
+    }
+
     /// The runs of `[offset, offset + len)` of `ram` looked at page by page, as (first
     /// page, pages).
     fn runs(ram: &GuestRam, offset: usize, len: usize) -> Vec<(usize, usize)> {
@@ -432,10 +441,7 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "needs syscalls: ioctl on /proc/self/pagemap, close")]
     fn a_kept_descriptor_the_program_closed_or_reused_is_replaced() {
-        let _one = one_at_a_time();
-        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
-        ram.write(7 * P, &[1]).unwrap();
-        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)]);
+        let (_one, mut ram) = page_seven_written();
         let kept = KEPT.load(Acquire);
         assert_ne!(kept, 0, "the first scan keeps its descriptor");
         // The program closes it (as a daemon closing every descriptor does)...
@@ -460,10 +466,8 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "needs syscalls: fork, ioctl on /proc/self/pagemap")]
     fn a_child_of_fork_reads_its_own_page_tables_not_its_parents() {
-        let _one = one_at_a_time();
-        let mut ram = GuestRam::new(4 << 20, BackingKind::Anonymous { thp: false }).unwrap();
-        ram.write(7 * P, &[1]).unwrap();
-        assert_eq!(runs(&ram, 0, ram.len()), vec![(7, 1)], "kept in the parent");
+        // Scanned once here: the descriptor is kept in the parent.
+        let (_one, mut ram) = page_seven_written();
         // SAFETY: the child only writes its copy of the RAM, scans (no allocation) and
         // leaves with `_exit`.
         let pid = unsafe { libc::fork() };

@@ -197,27 +197,60 @@ pub(crate) fn resident_bytes(addr: *const u8, len: usize) -> Result<usize, Resid
             call: "mincore",
             errno: Errno::NOMEM,
         })?;
-    let pages = (end - start) / PAGE_SIZE;
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `vec` has one byte per page of the page-aligned range, as mincore requires;
-    // mincore writes only into `vec` and reads no memory of the range itself.
-    let rc = unsafe { libc::mincore(start as *mut libc::c_void, end - start, vec.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(ResidentError::Os {
-            call: "mincore",
-            errno: Errno::from_raw_os_error(
-                std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EINVAL),
-            ),
-        });
+    // A piece at a time: one byte per page of a 64 GiB range would be 16 MiB of vector,
+    // resident for the call (and in the peak RSS a report reads after it).
+    let mut vec = vec![0u8; MINCORE_PAGES];
+    let mut resident = 0;
+    let mut at = start;
+    while at < end {
+        let len = (end - at).min(MINCORE_PAGES * PAGE_SIZE);
+        // SAFETY: `vec` has at least one byte per page of the page-aligned piece, as
+        // mincore requires; it writes only into `vec` and reads no memory of the range.
+        let rc = unsafe { libc::mincore(at as *mut libc::c_void, len, vec.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(ResidentError::Os {
+                call: "mincore",
+                errno: Errno::from_raw_os_error(
+                    std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EINVAL),
+                ),
+            });
+        }
+        let pages = len / PAGE_SIZE;
+        resident += vec[..pages].iter().filter(|&&b| b & 1 == 1).count() * PAGE_SIZE;
+        at += len;
     }
-    Ok(vec.iter().filter(|&&b| b & 1 == 1).count() * PAGE_SIZE)
+    Ok(resident)
 }
+
+/// Pages asked of `mincore` per call (256 MiB of range, a 64 KiB vector).
+const MINCORE_PAGES: usize = 1 << 16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{BackingKind, GuestRam};
+
+    #[test]
+    #[cfg_attr(miri, ignore = "needs syscalls: mincore")]
+    fn resident_pages_are_counted_across_every_piece_of_a_large_range() {
+        // 1 GiB in small pages: four of `mincore`'s pieces, pages touched in three.
+        let mut ram = GuestRam::new(1 << 30, BackingKind::Anonymous { thp: false }).unwrap();
+        assert_eq!(ram.resident_bytes(0, ram.len()).unwrap(), 0);
+        let piece = MINCORE_PAGES * PAGE_SIZE;
+        for at in [
+            5 * PAGE_SIZE,
+            piece + 3 * PAGE_SIZE,
+            3 * piece + piece - PAGE_SIZE,
+        ] {
+            ram.write(at, &[1]).unwrap();
+        }
+        assert_eq!(ram.resident_bytes(0, ram.len()).unwrap(), 3 * PAGE_SIZE);
+        // A range that starts and ends inside pieces.
+        let (from, len) = (4 * PAGE_SIZE, 3 * piece);
+        assert_eq!(ram.resident_bytes(from, len).unwrap(), 2 * PAGE_SIZE);
+    }
 
     #[test]
     #[cfg_attr(miri, ignore = "needs /proc")]

@@ -12,7 +12,7 @@
 //! data in the page cache while this process's entry for it is empty. Callers ask only for
 //! such memory ([`crate::GuestRam::for_each_maybe_written`] checks the backing).
 
-use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
 use rustix::fs::{fstat, open, Mode, OFlags};
@@ -183,18 +183,20 @@ impl Pagemap {
         let kept = KEPT.load(Acquire);
         let (kept_pid, fd) = unpack(kept);
         if !renew && kept != 0 && kept_pid == pid {
-            // SAFETY: the descriptor is only borrowed for this `fstat`; a closed one
-            // makes the call fail (EBADF), it touches no memory of ours.
-            let file = unsafe { BorrowedFd::borrow_raw(fd) };
-            match fstat(file) {
-                Ok(st) if st.st_ino == KEPT_INODE.load(Acquire) => return Ok(Pagemap::Kept(fd)),
-                Ok(_) | Err(_) => {
-                    return Err(ScanError::Os {
-                        call: "fstat of the kept pagemap",
-                        errno: Errno::BADF,
-                    })
-                }
+            // A raw `fstat`: the program may have closed the descriptor (no `BorrowedFd`
+            // of it may be made then), which fails the call with EBADF.
+            let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+            // SAFETY: `st` has room for a `struct stat`, which `fstat` fills on success;
+            // a closed or foreign descriptor only makes it fail or describe that file.
+            let ok = unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0;
+            // SAFETY: filled by the successful call.
+            if ok && unsafe { st.assume_init() }.st_ino == KEPT_INODE.load(Acquire) {
+                return Ok(Pagemap::Kept(fd));
             }
+            return Err(ScanError::Os {
+                call: "fstat of the kept pagemap",
+                errno: Errno::BADF,
+            });
         }
         // A literal path: no allocation (this runs inside `free`).
         let own = open(

@@ -16,11 +16,11 @@
 //! total order of `SeqCst` operations: a level-0 claimer whose level-1 read missed the
 //! group's bit made its level-0 and partial bits before that bit was set, so the group
 //! claimer's later reads see both; the partial bit, never cleared, cannot be gone by
-//! then) and rolls back: two overlapping claims never both succeed. A claim of a 16 MiB
-//! stretch of groups no small claim touched reads one partial word instead of the
-//! stretch's 64 level-0 words. Two that race may both roll back; the caller retries. The release of a claim
-//! and the reads or sets of the next claimer of the same pages are release/acquire pairs,
-//! so the next owner sees every write of the previous one.
+//! then) and rolls back: two overlapping claims never both succeed. Two that race may both
+//! roll back; the caller retries. A claim of a 16 MiB stretch of groups no small claim
+//! touched reads one partial word instead of the stretch's 64 level-0 words. The release
+//! of a claim and the reads or sets of the next claimer of the same pages are
+//! release/acquire pairs, so the next owner sees every write of the previous one.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 

@@ -62,6 +62,17 @@ struct PageRegion {
     categories: u64,
 }
 
+impl PageRegion {
+    /// Its addresses `[start, end)`, if it is not empty.
+    fn range(&self) -> Option<(usize, usize)> {
+        let (start, end) = (
+            usize::try_from(self.start).ok()?,
+            usize::try_from(self.end).ok()?,
+        );
+        (start < end).then_some((start, end))
+    }
+}
+
 /// Runs asked for per call.
 const RUNS: usize = 32;
 
@@ -136,15 +147,7 @@ fn scan_pieces(
     if len == 0 || !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
         return Err(ScanError::Range { offset: addr, len });
     }
-    let granule = granule.max(PAGE_SIZE);
-    match Pagemap::get(false) {
-        // The kept descriptor was closed or replaced behind our back: a new one.
-        Err(ScanError::Os { errno, .. }) if errno == Errno::BADF => {
-            scan_with(&Pagemap::get(true)?, addr, end, granule, run)
-        }
-        Err(e) => Err(e),
-        Ok(pagemap) => scan_with(&pagemap, addr, end, granule, run),
-    }
+    scan_with(&Pagemap::get()?, addr, end, granule.max(PAGE_SIZE), run)
 }
 
 /// This process's `/proc/self/pagemap`, opened at the first scan and kept (an open and a
@@ -160,9 +163,8 @@ static KEPT_INODE: AtomicU64 = AtomicU64::new(0);
 
 /// The process id and descriptor of a [`KEPT`] value.
 fn unpack(kept: u64) -> (u32, RawFd) {
-    let [fd @ .., _, _, _, _] = kept.to_le_bytes();
-    let pid = u32::try_from(kept >> 32).unwrap_or(0);
-    (pid, i32::from_le_bytes([fd[0], fd[1], fd[2], fd[3]]))
+    let half = |v: u64| u32::try_from(v & u64::from(u32::MAX)).unwrap_or(0);
+    (half(kept >> 32), half(kept).cast_signed())
 }
 
 /// A pagemap descriptor for one scan: the kept one, or one of its own (closed after).
@@ -173,16 +175,16 @@ enum Pagemap {
 
 impl Pagemap {
     /// This process's pagemap: the kept one when it is still this process's and still
-    /// that file (`renew`: not even then), else a new one, kept if no other thread kept
-    /// one meanwhile.
-    fn get(renew: bool) -> Result<Pagemap, ScanError> {
+    /// that file, else a new one (closed or replaced behind our back, or never opened
+    /// here), kept if no other thread kept one meanwhile.
+    fn get() -> Result<Pagemap, ScanError> {
         let pid = rustix::process::getpid()
             .as_raw_nonzero()
             .get()
             .cast_unsigned();
         let kept = KEPT.load(Acquire);
         let (kept_pid, fd) = unpack(kept);
-        if !renew && kept != 0 && kept_pid == pid {
+        if kept != 0 && kept_pid == pid {
             // A raw `fstat`: the program may have closed the descriptor (no `BorrowedFd`
             // of it may be made then), which fails the call with EBADF.
             let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
@@ -193,10 +195,6 @@ impl Pagemap {
             if ok && unsafe { st.assume_init() }.st_ino == KEPT_INODE.load(Acquire) {
                 return Ok(Pagemap::Kept(fd));
             }
-            return Err(ScanError::Os {
-                call: "fstat of the kept pagemap",
-                errno: Errno::BADF,
-            });
         }
         // A literal path: no allocation (this runs inside `free`).
         let own = open(
@@ -247,23 +245,19 @@ fn scan_with(
         // The first page of the piece that may hold data, if any.
         let first = match scan(pagemap, piece, piece_end, &mut runs[..1], 1)? {
             (0, _) => None,
-            _ => Some(usize::try_from(runs[0].start).unwrap_or(piece)),
+            _ => runs[0].range().map(|(start, _)| start),
         };
         match first {
             None => {}
             Some(p) if p <= piece => run(piece, piece_end),
-            Some(p) => {
-                let mut at = p;
+            Some(mut at) => {
+                // Page by page from there.
                 while at < piece_end {
                     let (n, walked) = scan(pagemap, at, piece_end, &mut runs, 0)?;
-                    for r in &runs[..n] {
-                        let (s, e) = (usize::try_from(r.start), usize::try_from(r.end));
-                        if let (Ok(s), Ok(e)) = (s, e) {
-                            if s < e {
-                                run(s, e);
-                            }
-                        }
-                    }
+                    runs[..n]
+                        .iter()
+                        .filter_map(PageRegion::range)
+                        .for_each(|(s, e)| run(s, e));
                     at = walked;
                 }
             }

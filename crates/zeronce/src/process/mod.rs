@@ -133,7 +133,9 @@ impl Builder<ProcessMode> {
     /// only, else off by itself): the pages its holder never wrote (never touched, or only
     /// read: the kernel's zero page) still read zero, so they are not zeroed again and
     /// the next zero-request skips them. A program that `calloc`s a buffer and only reads
-    /// it gets it back known zero. Costs one page-table walk of the block per free.
+    /// it gets it back known zero. Costs a page-table entry read per 2 MiB written from its
+    /// start (every entry of the others), and only for blocks that had pages with no
+    /// page of their own when handed out (not those zeroed on allocation).
     pub fn scan_freed(mut self, on: bool) -> Self {
         self.mode.no_scan = !on;
         self

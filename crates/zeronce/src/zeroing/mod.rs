@@ -16,9 +16,9 @@ pub use zeromap::ZeroingStats;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use zeronce_mem::SharedRam;
+use zeronce_mm::{Block, FreeHint};
 
 use crate::fastpath::PageTables;
-use zeronce_mm::{Block, FreeHint};
 
 /// What a free and an allocation do besides the manager's work (process mode): chunk
 /// states, the background zeroer, the hardening options.
@@ -42,7 +42,8 @@ impl Lifecycle {
     /// A block is being freed by its owner, its pages from `zero_from` on reading zero
     /// ([`zeromap::ZeroMap::freed`]); a block of a chunk or more is looked up in the page
     /// tables of `ram` first, when scans are on and `pages` says a look may find pages
-    /// with none behind them, so the pages its holder never wrote are not zeroed again. One failed scan turns them off, with one line.
+    /// with none behind them, so the pages its holder never wrote are not zeroed again.
+    /// One failed scan turns them off, with one line.
     pub(crate) fn freed(&self, ram: &SharedRam, block: Block, zero_from: u64, pages: PageTables) {
         let scan = pages == PageTables::Look
             && zero_from > 0

@@ -16,6 +16,7 @@ use std::ptr::null_mut;
 
 use libmimalloc_sys as mi;
 
+use crate::classes::Class;
 use crate::routes::ROUTES;
 use crate::runtime;
 use crate::stderr::{bad_pointer, write_stderr};
@@ -113,13 +114,28 @@ fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     let p = unsafe {
         let natural = align <= 8 || (align <= MI_ALIGN && size >= MI_ALIGN);
         match (natural, zeroed) {
-            (true, false) => mi::mi_malloc(size),
+            (true, false) => return or_enomem(unmarked(natural_small(size))),
             (true, true) => mi::mi_zalloc(size),
             (false, false) => mi::mi_malloc_aligned(size, align),
             (false, true) => mi::mi_zalloc_aligned(size, align),
         }
     };
     or_enomem(if zeroed { p } else { unmarked(p) })
+}
+
+/// A block of at least `size` bytes ([`SMALL_MIN`] or more) at `malloc`'s alignment, not
+/// zeroed, its second word not cleared yet: a freed one from the thread caches, else
+/// mimalloc's (or `NULL`).
+#[inline(always)]
+fn natural_small(size: usize) -> *mut c_void {
+    if cache::serves(size) && cache::threads_share_blocks() {
+        let p = cache::take(Class::of_request(size));
+        if !p.is_null() {
+            return p;
+        }
+    }
+    // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
+    unsafe { mi::mi_malloc(size) }
 }
 
 /// A new mimalloc block (or `NULL`) of at least [`SMALL_MIN`] bytes with its free-mark
@@ -167,10 +183,29 @@ unsafe fn small_free(p: *mut c_void) {
     }
     // SAFETY: the caller's promise.
     let (word, mark) = unsafe { mark_word("free", p) };
-    // SAFETY: the block is still the caller's until `mi_free`.
+    // SAFETY: the block is still the caller's until kept or given to mimalloc.
     unsafe {
         word.write(mark);
-        mi::mi_free(p)
+        if cache::threads_share_blocks() {
+            kept_or_freed(p)
+        } else {
+            mi::mi_free(p)
+        }
+    }
+}
+
+/// A freed mimalloc block into this thread's cache, else to mimalloc: out of line, so that
+/// a program of one thread frees as it did without the caches.
+///
+/// # Safety
+/// `p` is a live mimalloc block this allocator handed out, marked free.
+#[inline(never)]
+unsafe fn kept_or_freed(p: *mut c_void) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if !cache::keep(p) {
+            mi::mi_free(p)
+        }
     }
 }
 
@@ -227,8 +262,7 @@ unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *m
 #[inline(always)]
 fn c_malloc(size: usize) -> *mut c_void {
     if ROUTES.is_small(size) {
-        // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
-        return or_enomem(unmarked(unsafe { mi::mi_malloc(size.max(SMALL_MIN)) }));
+        return or_enomem(unmarked(natural_small(size.max(SMALL_MIN))));
     }
     alloc(size, NATURAL, false)
 }
@@ -463,8 +497,10 @@ macro_rules! export {
     };
 }
 
+mod cache;
 mod extensions;
 mod huge;
+mod spin;
 pub(crate) use extensions::mimalloc_committed;
 
 export!(c_malloc(size: usize) -> *mut c_void as
@@ -525,12 +561,14 @@ extern "C" fn fork_prepare() {
     if let Some(rt) = runtime::current() {
         rt.fork_prepare();
     }
-    // Last: no thread holds it across a `fork` then (a child has none of the others).
+    // Last: no thread holds them across a `fork` then (a child has none of the others).
+    cache::lock_all();
     HUGE.lock();
 }
 
 extern "C" fn fork_parent() {
     HUGE.unlock();
+    cache::unlock_all();
     if let Some(rt) = runtime::current() {
         rt.fork_parent();
     }
@@ -538,6 +576,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     HUGE.unlock();
+    cache::unlock_all();
     if let Some(rt) = runtime::current() {
         rt.fork_child();
     }

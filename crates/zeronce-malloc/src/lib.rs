@@ -18,6 +18,7 @@
 //! directly, never the exported `malloc`, so they cannot recurse into it.
 #![deny(unsafe_code)]
 
+mod classes;
 mod commit;
 mod config;
 mod ffi;

@@ -51,6 +51,7 @@ pub(crate) fn mimalloc_committed() -> (usize, usize) {
 fn c_malloc_trim(_pad: usize) -> c_int {
     let large = runtime::current().is_some_and(|rt| rt.trim());
     let (before, _) = mimalloc_committed();
+    super::cache::release_reachable();
     // SAFETY: `mi_collect` takes no pointer; `true` returns what can be returned now.
     unsafe { mi::mi_collect(true) };
     let (after, _) = mimalloc_committed();

@@ -16,11 +16,11 @@
 //! costs a system call (is it still unmapped).
 
 use std::ffi::c_void;
-use std::hint::spin_loop;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 use rustix::mm::munmap;
 
+use super::spin::SpinLock;
 use crate::stderr::bad_pointer;
 
 /// Most such blocks live at once (1024 blocks over 1 GiB: 1 TiB of address space); past
@@ -32,7 +32,7 @@ const PAGE: usize = 4096;
 
 /// The listed mappings (see the module docs).
 pub(crate) struct HugeBlocks {
-    lock: AtomicBool,
+    lock: SpinLock,
     /// Start of each slot's block (0: empty; written last, with release) and its
     /// mapping's length.
     starts: [AtomicUsize; SLOTS],
@@ -54,7 +54,7 @@ pub(crate) static HUGE: HugeBlocks = HugeBlocks::new();
 impl HugeBlocks {
     const fn new() -> Self {
         HugeBlocks {
-            lock: AtomicBool::new(false),
+            lock: SpinLock::new(),
             starts: [const { AtomicUsize::new(0) }; SLOTS],
             lens: [const { AtomicUsize::new(0) }; SLOTS],
             used: AtomicUsize::new(0),
@@ -76,18 +76,12 @@ impl HugeBlocks {
 
     /// Takes the lock (also `fork_prepare`'s, released by [`HugeBlocks::unlock`]).
     pub(crate) fn lock(&self) {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            spin_loop();
-        }
+        self.lock.lock();
     }
 
     /// Releases the lock.
     pub(crate) fn unlock(&self) {
-        self.lock.store(false, Release);
+        self.lock.unlock();
     }
 
     /// A new mapping of at least `size` bytes aligned to `align` (a power of two), reading

@@ -135,7 +135,17 @@ fn command(make: &dyn Fn() -> Command, preload: Option<&str>) -> Command {
 /// [`run`] under zeronce, killed after `secs` seconds: a program the allocator should
 /// abort must fail the test, not hang it (a corrupted free list can spin forever).
 pub fn run_abort(make: &dyn Fn() -> Command, secs: u64) -> Output {
-    let mut child = command(make, Some(&lib().to_string_lossy()))
+    run_deadline(make, true, secs)
+}
+
+/// [`run_abort`], with the exit report (`ZERONCE_SHOW_STATS=1`, which sends small
+/// allocations through the counting path) or without (the fast path).
+pub fn run_deadline(make: &dyn Fn() -> Command, report: bool, secs: u64) -> Output {
+    let mut cmd = command(make, Some(&lib().to_string_lossy()));
+    if !report {
+        cmd.env_remove("ZERONCE_SHOW_STATS");
+    }
+    let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -95,9 +95,10 @@ fn contenders(a: &MallocArgs) -> (Vec<Contender>, Vec<String>) {
             name: "zeronce",
             lib: Some(zeronce),
             install: "cargo build --release -p zeronce-malloc, or pass --lib",
-            underneath: "small objects from mimalloc compiled in; large blocks from process \
-                         mode: known-zero reuse without memset, freed blocks zeroed in the \
-                         background and reported after the hold",
+            underneath: "small objects from mimalloc compiled in, those one thread frees \
+                         for another passed in batches through thread caches; large blocks \
+                         from process mode: known-zero reuse without memset, freed blocks \
+                         zeroed in the background and reported after the hold",
         },
     ];
     let (mut kept, mut skipped) = (Vec::new(), Vec::new());
@@ -186,6 +187,16 @@ fn steps(a: &MallocArgs, sqlite: bool) -> Vec<Step> {
         per_round: short,
         ..step("small_2x2", &["small", "2", &ops], "wall_ms", false)
     });
+    // One thread's churn of small blocks, alone and once another thread has allocated:
+    // what the small-object layer costs a program that does not pass blocks between
+    // threads (the locality of its blocks, a few instructions a call).
+    let churn_ops = a.common.pick(None, 2_000_000, 10_000_000).to_string();
+    for (threaded, name) in [("0", "churn_1t"), ("1", "churn_threaded")] {
+        v.push(Step {
+            per_round: short,
+            ..step(name, &["churn", &churn_ops, threaded], "wall_ms", false)
+        });
+    }
     // Cache-hot buffers at and above the default threshold, reused at once: what the
     // default threshold is chosen on (below it zeronce is mimalloc).
     // 1 GiB (quick) or 2 GiB written per sample. The figure is the reuse rounds' CPU: the
@@ -508,15 +519,20 @@ mod tests {
             lib: None,
             plot: None,
         };
-        let per_round = |quick| -> Vec<(String, usize)> {
-            steps(&args(quick), true)
-                .into_iter()
-                .filter(|s| s.per_round > 1 || s.name.starts_with("small") || s.args.is_empty())
-                .map(|s| (s.name, s.per_round))
-                .collect()
-        };
-        let short = |n| vec![("small_2x2".to_string(), n), ("sqlite_200k".to_string(), n)];
-        assert_eq!(per_round(false), short(3));
-        assert_eq!(per_round(true), short(1));
+        const SHORT: [&str; 4] = ["small_2x2", "churn_1t", "churn_threaded", "sqlite_200k"];
+        for (quick, short) in [(false, 3), (true, 1)] {
+            let steps = steps(&args(quick), true);
+            for name in SHORT {
+                assert!(steps.iter().any(|s| s.name == name), "{name} missing");
+            }
+            for s in steps {
+                let want = if SHORT.contains(&s.name.as_str()) {
+                    short
+                } else {
+                    1
+                };
+                assert_eq!(s.per_round, want, "{} (quick: {quick})", s.name);
+            }
+        }
     }
 }

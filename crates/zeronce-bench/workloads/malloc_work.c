@@ -10,6 +10,11 @@
  *                                       an allocator's own threads included)
  *   malloc_work idle MIB                free MIB in 64 MiB blocks; RSS 1 s and 5 s later
  *   malloc_work small THREADS OPS       producer/consumer pairs of small objects (wall)
+ *   malloc_work churn OPS THREADED      one thread: 1000 live blocks of 1-1024 bytes, OPS
+ *                                       times free a random one and malloc another (wall);
+ *                                       THREADED 1: another thread allocated first (what
+ *                                       an allocator that tells one thread from many does
+ *                                       once a program has several)
  *   malloc_work hot MIB ROUNDS          calloc MIB, read every line, write it all, free, at
  *                                       once again (a cache-hot buffer reused: thread CPU
  *                                       of the rounds after the first, timed apart)
@@ -223,6 +228,40 @@ static int small(long pairs, long ops) {
     return 0;
 }
 
+static void *allocate_once(void *arg) {
+    free(must(malloc(64)));
+    return arg;
+}
+
+/* Small-object churn on one thread: the locality an allocator gives a program's blocks. */
+static int churn(long ops, long threaded) {
+    enum { SLOTS = 1000 };
+    char **slots = must(calloc(SLOTS, sizeof *slots));
+    if (threaded) {
+        pthread_t t;
+        pthread_create(&t, NULL, allocate_once, NULL);
+        pthread_join(t, NULL);
+    }
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    long sum = 0;
+    double w0 = ms_of(CLOCK_MONOTONIC);
+    for (long i = 0; i < ops; i++) {
+        size_t k = next(&x) % SLOTS;
+        if (slots[k]) sum += slots[k][0];
+        free(slots[k]);
+        size_t n = 1 + next(&x) % 1024;
+        slots[k] = must(malloc(n));
+        slots[k][0] = (char)n;
+    }
+    double wall = ms_of(CLOCK_MONOTONIC) - w0;
+    for (int k = 0; k < SLOTS; k++) free(slots[k]);
+    free(slots);
+    printf("{\"workload\":\"churn\",\"ops\":%ld,\"threaded\":%ld,\"checksum\":%ld,"
+           "\"wall_ms\":%.3f}\n",
+           ops, threaded, sum, wall);
+    return 0;
+}
+
 /* A buffer of MIB MiB: calloc, read, write, free, ROUNDS times. The first round (fresh
  * memory: its page faults, and on a virtual machine the host's) is timed apart from the
  * reuse rounds after it, which are the figure. */
@@ -336,10 +375,12 @@ int main(int argc, char **argv) {
     if (argc > 3 && !strcmp(argv[1], "reuse")) return reuse(a, b);
     if (argc > 2 && !strcmp(argv[1], "idle")) return idle(a);
     if (argc > 3 && !strcmp(argv[1], "small")) return small(a, b);
+    if (argc > 3 && !strcmp(argv[1], "churn")) return churn(a, b);
     if (argc > 3 && !strcmp(argv[1], "hot")) return hot(a, b);
     if (argc > 2 && !strcmp(argv[1], "large")) return large(a);
     if (argc > 2 && !strcmp(argv[1], "firstpass")) return firstpass(argv[2]);
     fprintf(stderr, "usage: malloc_work reuse DELAY_MS ROUNDS | idle MIB | small PAIRS OPS"
+                    " | churn OPS THREADED"
                     " | hot MIB ROUNDS | large ITERS"
                     " | firstpass none|read|store2|thp|stream|stream-ahead\n");
     return 2;

@@ -30,7 +30,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::c_void;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 use libmimalloc_sys as mi;
 
@@ -61,6 +61,8 @@ struct ThreadCache {
     state: Cell<State>,
     /// Frees since this thread's last `malloc` of a cached size, up to [`FREES_IN_A_ROW`].
     frees_in_a_row: Cell<u32>,
+    /// Blocks on all its lists.
+    held: Cell<usize>,
     /// Each class's last freed block (null: none), linked through first words.
     heads: [Cell<*mut c_void>; CLASSES],
     /// Each class's list length.
@@ -74,6 +76,7 @@ thread_local! {
         ThreadCache {
             state: Cell::new(State::New),
             frees_in_a_row: Cell::new(0),
+            held: Cell::new(0),
             heads: [const { Cell::new(null_mut()) }; CLASSES],
             counts: [const { Cell::new(0) }; CLASSES],
         }
@@ -123,36 +126,38 @@ fn thread_pointer() -> Option<usize> {
     None
 }
 
-/// The thread pointer of the first thread that allocated (0: none yet).
-static FIRST_THREAD: AtomicUsize = AtomicUsize::new(0);
+/// Who allocates: 0 before any thread did, [`SHARED`] once a second thread did (from then
+/// on the caches are used), else the thread pointer of the only thread that did.
+static ALLOCATING: AtomicUsize = AtomicUsize::new(0);
 
-/// Set once a second thread allocated or freed: from then on the caches are used.
-static SECOND_THREAD: AtomicBool = AtomicBool::new(false);
+/// [`ALLOCATING`] once a second thread came: no thread pointer is odd.
+const SHARED: usize = 1;
 
 /// Whether blocks may move between threads: a second thread has come (see the module
-/// docs). A load, and until a second thread comes, the thread pointer's and a compare.
+/// docs). A load, the thread pointer and a compare.
 #[inline(always)]
 pub(super) fn threads_share_blocks() -> bool {
-    if SECOND_THREAD.load(Relaxed) {
-        return true;
-    }
+    let allocating = ALLOCATING.load(Relaxed);
     match thread_pointer() {
-        Some(tp) if tp != FIRST_THREAD.load(Relaxed) => note_thread(tp),
-        _ => false,
+        _ if allocating == SHARED => true,
+        Some(tp) if tp == allocating => false,
+        Some(tp) => note_thread(allocating, tp),
+        None => false,
     }
 }
 
-/// A thread that is not the first one seen: the first one if none was, else the second.
+/// A thread other than the one seen allocating (`seen`): the first, or the second.
 #[cold]
-fn note_thread(tp: usize) -> bool {
-    match FIRST_THREAD.compare_exchange(0, tp, Relaxed, Relaxed) {
-        Ok(_) => false,
-        Err(first) if first == tp => false,
-        Err(_) => {
-            SECOND_THREAD.store(true, Relaxed);
-            true
+fn note_thread(seen: usize, tp: usize) -> bool {
+    if seen == 0 {
+        match ALLOCATING.compare_exchange(0, tp, Relaxed, Relaxed) {
+            Ok(_) => return false,
+            Err(now) if now == tp => return false,
+            Err(_) => {}
         }
     }
+    ALLOCATING.store(SHARED, Relaxed);
+    true
 }
 
 /// Runs `f` on this thread's cache.
@@ -204,23 +209,28 @@ unsafe fn set_next(p: *mut c_void, next: *mut c_void) {
     unsafe { p.cast::<*mut c_void>().write(next) }
 }
 
-/// A block of `class` from this thread's cache or the transfer cache (its second word
-/// still the free mark), or null: ask mimalloc.
+/// A block for a request of `size` bytes (1 ..= [`CACHED_MAX`]) from this thread's cache
+/// or the transfer cache (its second word still the free mark), or null: ask mimalloc.
+/// Ends the thread's run of frees.
 #[inline(always)]
-pub(super) fn take(class: Class) -> *mut c_void {
+pub(super) fn take(size: usize) -> *mut c_void {
     with_mine(|cache| {
         cache.frees_in_a_row.set(0);
+        if cache.held.get() == 0 && HELD_BATCHES.load(Relaxed) == 0 {
+            // Nothing kept anywhere: what every allocation of a thread that passes no
+            // blocks to others finds, in two loads.
+            return null_mut();
+        }
+        let class = Class::of_request(size);
         let i = class.index();
         let head = cache.heads[i].get();
         if head.is_null() {
-            if TRANSFER[i].is_empty() {
-                return null_mut();
-            }
             return refill(cache, class);
         }
         // SAFETY: a block on this thread's list.
         cache.heads[i].set(unsafe { next(head) });
         cache.counts[i].set(cache.counts[i].get() - 1);
+        cache.held.set(cache.held.get() - 1);
         head
     })
 }
@@ -239,7 +249,23 @@ fn refill(cache: &ThreadCache, class: Class) -> *mut c_void {
     // SAFETY: a batch of `class.batch()` blocks, now this thread's.
     cache.heads[class.index()].set(unsafe { next(batch) });
     cache.counts[class.index()].set(class.batch() - 1);
+    cache.held.set(cache.held.get() + class.batch() - 1);
     batch
+}
+
+/// Counts a free of this thread: `true` when it comes after [`FREES_IN_A_ROW`] others
+/// without an allocation between (the block is to be kept: [`keep`]), `false` when it is
+/// mimalloc's.
+#[inline(always)]
+pub(super) fn in_a_run_of_frees() -> bool {
+    with_mine(|cache| {
+        let in_a_row = cache.frees_in_a_row.get();
+        if in_a_row < FREES_IN_A_ROW {
+            cache.frees_in_a_row.set(in_a_row + 1);
+            return false;
+        }
+        true
+    })
 }
 
 /// Keeps the freed block `p` in this thread's cache; `false` when it is not a cached size
@@ -247,19 +273,12 @@ fn refill(cache: &ThreadCache, class: Class) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is a mimalloc block the caller no longer uses, marked free.
-#[inline(always)]
 pub(super) unsafe fn keep(p: *mut c_void) -> bool {
+    // SAFETY: a mimalloc block (the caller's promise).
+    let Some(class) = Class::of_block(unsafe { mi::mi_usable_size(p) }) else {
+        return false;
+    };
     with_mine(|cache| {
-        let in_a_row = cache.frees_in_a_row.get();
-        if in_a_row < FREES_IN_A_ROW {
-            // A thread that allocates as much as it frees: mimalloc's own free lists.
-            cache.frees_in_a_row.set(in_a_row + 1);
-            return false;
-        }
-        // SAFETY: a mimalloc block (the caller's promise).
-        let Some(class) = Class::of_block(unsafe { mi::mi_usable_size(p) }) else {
-            return false;
-        };
         if cache.state.get() != State::Open && !open(cache) {
             return false;
         }
@@ -269,6 +288,7 @@ pub(super) unsafe fn keep(p: *mut c_void) -> bool {
         cache.heads[i].set(p);
         let count = cache.counts[i].get() + 1;
         cache.counts[i].set(count);
+        cache.held.set(cache.held.get() + 1);
         if count > class.limit() {
             spill(cache, class);
         }
@@ -292,6 +312,7 @@ fn spill(cache: &ThreadCache, class: Class) {
     // SAFETY: as above; the batch ends here.
     unsafe { set_next(tail, null_mut()) };
     cache.counts[i].set(cache.counts[i].get() - class.batch());
+    cache.held.set(cache.held.get() - class.batch());
     if !TRANSFER[i].put(batch) {
         // SAFETY: a list of free blocks nobody else holds.
         unsafe { release(batch) };
@@ -319,6 +340,7 @@ fn release_mine(cache: &ThreadCache) {
         let i = class.index();
         let head = cache.heads[i].replace(null_mut());
         cache.counts[i].set(0);
+        cache.held.set(0);
         // SAFETY: this thread's list, off the cache now.
         unsafe { release(head) };
     }
@@ -405,6 +427,10 @@ unsafe impl Sync for Transfer {}
 /// The process's transfer cache, a slot a class.
 static TRANSFER: [Transfer; CLASSES] = [const { Transfer::new() }; CLASSES];
 
+/// Batches the transfer cache holds, all classes (changed with them, read without a lock:
+/// a hint that lets an allocation skip the cache when it is 0).
+static HELD_BATCHES: AtomicUsize = AtomicUsize::new(0);
+
 impl Transfer {
     const fn new() -> Self {
         Transfer {
@@ -426,15 +452,10 @@ impl Transfer {
             // SAFETY: under the lock.
             unsafe { (*self.batches.get())[len] = batch };
             self.len.store(len + 1, Relaxed);
+            HELD_BATCHES.fetch_add(1, Relaxed);
         }
         self.lock.unlock();
         held
-    }
-
-    /// Whether no batch is held (read without the lock: a hint).
-    #[inline(always)]
-    fn is_empty(&self) -> bool {
-        self.len.load(Relaxed) == 0
     }
 
     /// A batch, the caller's from now on; `None` when empty.
@@ -446,6 +467,7 @@ impl Transfer {
         let len = self.len.load(Relaxed);
         let batch = (len > 0).then(|| {
             self.len.store(len - 1, Relaxed);
+            HELD_BATCHES.fetch_sub(1, Relaxed);
             // SAFETY: under the lock.
             unsafe { (*self.batches.get())[len - 1] }
         });

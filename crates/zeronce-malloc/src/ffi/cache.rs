@@ -138,8 +138,10 @@ const SHARED: usize = 1;
 #[inline(always)]
 pub(super) fn threads_share_blocks() -> bool {
     let allocating = ALLOCATING.load(Relaxed);
+    if allocating == SHARED {
+        return true;
+    }
     match thread_pointer() {
-        _ if allocating == SHARED => true,
         Some(tp) if tp == allocating => false,
         Some(tp) => note_thread(allocating, tp),
         None => false,

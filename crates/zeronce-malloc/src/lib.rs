@@ -10,10 +10,11 @@
 //! after the delay, `realloc` grows in place where the buddies are free, and a size that is
 //! not a power of two costs its size in RSS, rounded up to 2 MiB (a reused block's resident
 //! tail once the allocation has lived for the hold). Everything smaller comes from mimalloc,
-//! compiled in (its own symbols are not exported). Settings: [`config`].
+//! compiled in (its own symbols are not exported), with thread caches in front of it for
+//! blocks one thread frees for another (`ffi/cache.rs`). Settings: [`config`].
 //!
-//! The C functions are in `ffi.rs` and the library's own Rust allocator in [`inner`], the
-//! only modules with `unsafe`; the rest is safe Rust.
+//! The C functions are in `ffi.rs` (and its modules) and the library's own Rust allocator
+//! in [`inner`], the only modules with `unsafe`; the rest is safe Rust.
 //! This library's own Rust allocations (zeronce's tables, its threads) use mimalloc
 //! directly, never the exported `malloc`, so they cannot recurse into it.
 #![deny(unsafe_code)]

@@ -34,6 +34,11 @@ fn glibcs_extensions_are_the_librarys_and_trim_gives_a_freed_block_back_at_once(
         stdout.contains("malloc_trim returned 1, rss dropped by 200 MiB or more: ok"),
         "{stdout}"
     );
+    assert!(
+        stdout
+            .contains("malloc_trim of small blocks returned 1, rss dropped by 50 MiB or more: ok"),
+        "{stdout}"
+    );
     assert!(stdout.contains("malloc_info(1): EINVAL"), "{stdout}");
     assert!(stdout.ends_with("sized frees: ok\n"), "{stdout}");
     // `malloc_stats` wrote the report (and the exit report followed it): two of them.

@@ -48,14 +48,20 @@ pub(crate) fn mimalloc_committed() -> (usize, usize) {
     (now, peak)
 }
 
+/// `malloc_trim`: zeronce's free blocks reported now, then the thread caches and mimalloc's
+/// free pages given back; 1 if anything went: zeronce reported pages, or mimalloc's
+/// committed bytes or the process's anonymous RSS fell (mimalloc's purges lower the RSS
+/// without lowering its committed count).
 fn c_malloc_trim(_pad: usize) -> c_int {
     let large = runtime::current().is_some_and(|rt| rt.trim());
-    let (before, _) = mimalloc_committed();
+    let anon_rss = || zeronce_mem::ProcessRss::read().ok().map(|r| r.anon);
+    let (committed, rss) = (mimalloc_committed().0, anon_rss());
     super::cache::release_reachable();
     // SAFETY: `mi_collect` takes no pointer; `true` returns what can be returned now.
     unsafe { mi::mi_collect(true) };
-    let (after, _) = mimalloc_committed();
-    c_int::from(large || after < before)
+    let fell = |before, after| matches!((before, after), (Some(b), Some(a)) if a < b);
+    let small = mimalloc_committed().0 < committed || fell(rss, anon_rss());
+    c_int::from(large || small)
 }
 
 /// The figures of `mallinfo2`, `malloc_info` and friends.

@@ -338,11 +338,11 @@ unsafe fn release(mut p: *mut c_void) {
 
 /// Gives this thread's whole cache to mimalloc.
 fn release_mine(cache: &ThreadCache) {
+    cache.held.set(0);
     for class in Class::all() {
         let i = class.index();
         let head = cache.heads[i].replace(null_mut());
         cache.counts[i].set(0);
-        cache.held.set(0);
         // SAFETY: this thread's list, off the cache now.
         unsafe { release(head) };
     }

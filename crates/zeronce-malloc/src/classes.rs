@@ -19,10 +19,16 @@ pub const CLASSES: usize = 20;
 /// Below this size the classes are 16 bytes apart.
 const LINEAR_MAX: usize = 128;
 
-/// Blocks of one class a thread keeps at most. Fewer for the larger classes (a bound in
-/// bytes) made the batches of those classes smaller, and the small-objects benchmark's
-/// producer/consumer pairs slower by 15–25 %.
-const KEPT_BLOCKS: usize = 64;
+/// Blocks of one class a thread keeps at most; past it, a [`BATCH`] of them goes to the
+/// transfer cache. Fewer for the larger classes (a bound in bytes) made the batches of
+/// those classes smaller, and the small-objects benchmark's producer/consumer pairs slower
+/// by 15–25 %.
+pub const KEPT: usize = 64;
+
+/// Blocks a thread hands to the transfer cache, or takes from it, at once: half of
+/// [`KEPT`], so that a thread that only frees, or only allocates, passes through the
+/// transfer cache's lock once a batch.
+pub const BATCH: usize = KEPT / 2;
 
 /// A size class (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,19 +75,6 @@ impl Class {
     #[inline(always)]
     pub const fn index(self) -> usize {
         self.0
-    }
-
-    /// The most blocks of this class a thread keeps; past it, a [`Class::batch`] of them
-    /// goes to the transfer cache.
-    pub const fn limit(self) -> usize {
-        KEPT_BLOCKS
-    }
-
-    /// Blocks a thread hands to the transfer cache, or takes from it, at once: half its
-    /// [`Class::limit`], so that a thread that only frees, or only allocates, passes
-    /// through the transfer cache's lock once a batch.
-    pub const fn batch(self) -> usize {
-        self.limit() / 2
     }
 
     /// Every class, smallest first.
@@ -132,13 +125,12 @@ mod tests {
 
     #[test]
     fn limits_bound_a_threads_cache_and_batches_move_some() {
-        let mut bytes = 0;
-        for class in Class::all() {
-            assert!(class.batch() >= 16, "{class:?}");
-            assert!(class.batch() < class.limit());
-            assert!(class.limit() <= KEPT_BLOCKS);
-            bytes += class.limit() * class.size();
+        const {
+            assert!(BATCH >= 16);
+            assert!(BATCH < KEPT);
+            assert!(KEPT <= 64);
         }
+        let bytes: usize = Class::all().map(|class| KEPT * class.size()).sum();
         // What a thread keeps at most, all classes full: 400 KiB (glibc's tcache, seven
         // blocks a size up to 1032 bytes: about 230 KiB).
         assert!(bytes <= 400 << 10, "{bytes}");

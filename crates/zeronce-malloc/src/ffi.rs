@@ -20,7 +20,7 @@ use crate::routes::ROUTES;
 use crate::runtime;
 use crate::stderr::{bad_pointer, write_stderr};
 use huge::HUGE;
-use small::{natural_small, small_alloc, small_free, small_realloc, unmarked, SMALL_MIN};
+use small::{small_alloc, small_free, small_malloc, small_realloc, SMALL_MIN};
 
 /// The alignment of `malloc`: no explicit one. mimalloc's plain calls align a block of
 /// 16 bytes or more to 16 (glibc's `MALLOC_ALIGNMENT`), a smaller one to 8, as its own
@@ -141,7 +141,7 @@ unsafe fn moved(p: *mut c_void, old: usize, size: usize, new: *mut c_void) -> *m
 #[inline(always)]
 fn c_malloc(size: usize) -> *mut c_void {
     if ROUTES.is_small(size) {
-        return or_enomem(unmarked(natural_small(size.max(SMALL_MIN))));
+        return small_malloc(size);
     }
     alloc(size, NATURAL, false)
 }

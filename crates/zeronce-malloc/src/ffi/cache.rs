@@ -20,7 +20,7 @@
 //!
 //! What a cached block holds: its first word links the list, its second keeps the free
 //! mark `free` wrote (see [`crate::routes`]), so a second free of a cached block is still
-//! told. Bounds: a thread keeps at most [`Class::limit`] blocks a class (400 KiB all
+//! told. Bounds: a thread keeps at most [`KEPT`] blocks a class (400 KiB all
 //! classes full); the transfer cache at most [`DEPTH`] batches a class (3.2 MiB all
 //! full); past that, blocks go back to mimalloc. A thread's cache goes back to mimalloc
 //! when the thread ends (a `pthread` key's destructor), and every cache the caller can
@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::*};
 use libmimalloc_sys as mi;
 
 use super::spin::SpinLock;
-use crate::classes::{Class, CACHED_MAX, CLASSES};
+use crate::classes::{Class, BATCH, CACHED_MAX, CLASSES, KEPT};
 
 /// Batches of one class the transfer cache holds at most.
 const DEPTH: usize = 16;
@@ -61,7 +61,8 @@ struct ThreadCache {
     state: Cell<State>,
     /// Frees since this thread's last `malloc` of a cached size, up to [`FREES_IN_A_ROW`].
     frees_in_a_row: Cell<u32>,
-    /// Blocks on all its lists.
+    /// Blocks on all its lists: the sum of `counts`, kept so that an allocation finds
+    /// "nothing kept" in one load.
     held: Cell<usize>,
     /// Each class's last freed block (null: none), linked through first words.
     heads: [Cell<*mut c_void>; CLASSES],
@@ -136,7 +137,7 @@ const SHARED: usize = 1;
 /// Whether blocks may move between threads: a second thread has come (see the module
 /// docs). A load, the thread pointer and a compare.
 #[inline(always)]
-pub(super) fn threads_share_blocks() -> bool {
+fn threads_share_blocks() -> bool {
     let allocating = ALLOCATING.load(Relaxed);
     if allocating == SHARED {
         return true;
@@ -211,11 +212,14 @@ unsafe fn set_next(p: *mut c_void, next: *mut c_void) {
     unsafe { p.cast::<*mut c_void>().write(next) }
 }
 
-/// A block for a request of `size` bytes (1 ..= [`CACHED_MAX`]) from this thread's cache
-/// or the transfer cache (its second word still the free mark), or null: ask mimalloc.
-/// Ends the thread's run of frees.
+/// A block for a request of `size` bytes (at least 1) from this thread's cache or the
+/// transfer cache (its second word still the free mark), or null: ask mimalloc. Ends the
+/// thread's run of frees.
 #[inline(always)]
 pub(super) fn take(size: usize) -> *mut c_void {
+    if size > CACHED_MAX || !threads_share_blocks() {
+        return null_mut();
+    }
     with_mine(|cache| {
         cache.frees_in_a_row.set(0);
         if cache.held.get() == 0 && HELD_BATCHES.load(Relaxed) == 0 {
@@ -248,10 +252,10 @@ fn refill(cache: &ThreadCache, class: Class) -> *mut c_void {
     let Some(batch) = TRANSFER[class.index()].take() else {
         return null_mut();
     };
-    // SAFETY: a batch of `class.batch()` blocks, now this thread's.
+    // SAFETY: a batch of `BATCH` blocks, now this thread's.
     cache.heads[class.index()].set(unsafe { next(batch) });
-    cache.counts[class.index()].set(class.batch() - 1);
-    cache.held.set(cache.held.get() + class.batch() - 1);
+    cache.counts[class.index()].set(BATCH - 1);
+    cache.held.set(cache.held.get() + BATCH - 1);
     batch
 }
 
@@ -260,6 +264,9 @@ fn refill(cache: &ThreadCache, class: Class) -> *mut c_void {
 /// mimalloc's.
 #[inline(always)]
 pub(super) fn in_a_run_of_frees() -> bool {
+    if !threads_share_blocks() {
+        return false;
+    }
     with_mine(|cache| {
         let in_a_row = cache.frees_in_a_row.get();
         if in_a_row < FREES_IN_A_ROW {
@@ -291,21 +298,21 @@ pub(super) unsafe fn keep(p: *mut c_void) -> bool {
         let count = cache.counts[i].get() + 1;
         cache.counts[i].set(count);
         cache.held.set(cache.held.get() + 1);
-        if count > class.limit() {
+        if count > KEPT {
             spill(cache, class);
         }
         true
     })
 }
 
-/// Hands the last [`Class::batch`] blocks freed of `class` to the transfer cache (to
+/// Hands the last [`BATCH`] blocks freed of `class` to the transfer cache (to
 /// mimalloc when it is full).
 #[inline(never)]
 fn spill(cache: &ThreadCache, class: Class) {
     let i = class.index();
     let batch = cache.heads[i].get();
     let mut tail = batch;
-    for _ in 1..class.batch() {
+    for _ in 1..BATCH {
         // SAFETY: the list holds more than a batch.
         tail = unsafe { next(tail) };
     }
@@ -313,8 +320,8 @@ fn spill(cache: &ThreadCache, class: Class) {
     cache.heads[i].set(unsafe { next(tail) });
     // SAFETY: as above; the batch ends here.
     unsafe { set_next(tail, null_mut()) };
-    cache.counts[i].set(cache.counts[i].get() - class.batch());
-    cache.held.set(cache.held.get() - class.batch());
+    cache.counts[i].set(cache.counts[i].get() - BATCH);
+    cache.held.set(cache.held.get() - BATCH);
     if !TRANSFER[i].put(batch) {
         // SAFETY: a list of free blocks nobody else holds.
         unsafe { release(batch) };
@@ -499,11 +506,4 @@ pub(super) fn lock_all() {
 /// `fork` parent and child: releases what [`lock_all`] holds.
 pub(super) fn unlock_all() {
     TRANSFER.iter().for_each(|slot| slot.lock.unlock());
-}
-
-/// Whether a request of `size` bytes (natural alignment, not zeroed) may come from the
-/// caches.
-#[inline(always)]
-pub(super) fn serves(size: usize) -> bool {
-    size <= CACHED_MAX
 }

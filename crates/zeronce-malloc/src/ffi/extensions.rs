@@ -59,8 +59,8 @@ fn c_malloc_trim(_pad: usize) -> c_int {
     super::cache::release_reachable();
     // SAFETY: `mi_collect` takes no pointer; `true` returns what can be returned now.
     unsafe { mi::mi_collect(true) };
-    let fell = |before, after| matches!((before, after), (Some(b), Some(a)) if a < b);
-    let small = mimalloc_committed().0 < committed || fell(rss, anon_rss());
+    let rss_fell = matches!((rss, anon_rss()), (Some(before), Some(after)) if after < before);
+    let small = mimalloc_committed().0 < committed || rss_fell;
     c_int::from(large || small)
 }
 

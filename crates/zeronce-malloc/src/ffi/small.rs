@@ -20,39 +20,39 @@ pub(super) const SMALL_MIN: usize = 16;
 /// `zeroed` (or `NULL` and `ENOMEM`).
 pub(super) fn small_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     let size = size.max(SMALL_MIN);
-    // SAFETY: mimalloc's allocation functions take any size and a power-of-two alignment
-    // and return a block or NULL.
-    let p = unsafe {
-        let natural = align <= 8 || (align <= MI_ALIGN && size >= MI_ALIGN);
-        match (natural, zeroed) {
-            (true, false) => return or_enomem(unmarked(natural_small(size))),
-            (true, true) => mi::mi_zalloc(size),
-            (false, false) => mi::mi_malloc_aligned(size, align),
-            (false, true) => mi::mi_zalloc_aligned(size, align),
-        }
+    let natural = align <= 8 || (align <= MI_ALIGN && size >= MI_ALIGN);
+    // mimalloc's allocation functions take any size and a power-of-two alignment and
+    // return a block or NULL.
+    let p = match (natural, zeroed) {
+        (true, false) => return small_malloc(size),
+        // SAFETY: as above.
+        (true, true) => unsafe { mi::mi_zalloc(size) },
+        // SAFETY: as above.
+        (false, false) => unsafe { mi::mi_malloc_aligned(size, align) },
+        // SAFETY: as above.
+        (false, true) => unsafe { mi::mi_zalloc_aligned(size, align) },
     };
     or_enomem(if zeroed { p } else { unmarked(p) })
 }
 
-/// A block of at least `size` bytes ([`SMALL_MIN`] or more) at `malloc`'s alignment, not
-/// zeroed, its second word not cleared yet: a freed one from the thread caches, else
-/// mimalloc's (or `NULL`).
+/// C `malloc` of a small size: a block of at least `size` bytes at `malloc`'s alignment,
+/// not zeroed, live (or `NULL` and `ENOMEM`): a freed one from the thread caches, else
+/// mimalloc's.
 #[inline(always)]
-pub(super) fn natural_small(size: usize) -> *mut c_void {
-    if cache::serves(size) && cache::threads_share_blocks() {
-        let p = cache::take(size);
-        if !p.is_null() {
-            return p;
-        }
+pub(super) fn small_malloc(size: usize) -> *mut c_void {
+    let size = size.max(SMALL_MIN);
+    let mut p = cache::take(size);
+    if p.is_null() {
+        // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
+        p = unsafe { mi::mi_malloc(size) };
     }
-    // SAFETY: mimalloc's `malloc` takes any size and returns a block or NULL.
-    unsafe { mi::mi_malloc(size) }
+    or_enomem(unmarked(p))
 }
 
 /// A new mimalloc block (or `NULL`) of at least [`SMALL_MIN`] bytes with its free-mark
 /// word cleared: whatever it held, the block is live now.
 #[inline(always)]
-pub(super) fn unmarked(p: *mut c_void) -> *mut c_void {
+fn unmarked(p: *mut c_void) -> *mut c_void {
     if !p.is_null() {
         // SAFETY: a live block of at least `SMALL_MIN` bytes, aligned to 8 or more.
         unsafe { p.cast::<usize>().add(1).write(0) };
@@ -97,7 +97,7 @@ pub(super) unsafe fn small_free(p: *mut c_void) {
     // SAFETY: the block is still the caller's until kept or given to mimalloc.
     unsafe {
         word.write(mark);
-        if cache::threads_share_blocks() && cache::in_a_run_of_frees() {
+        if cache::in_a_run_of_frees() {
             kept_or_freed(p)
         } else {
             mi::mi_free(p)
